@@ -1,0 +1,80 @@
+"""Environment activities: reset, step and close of text environments held by an env worker.
+
+An env's state lives in the worker that reset it, so reset answers with that worker's own queue
+and the trajectory sends every later step there. Environment code is synchronous and may block,
+so these are thread-pool activities.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from temporalio import activity
+from temporalio.exceptions import ApplicationError
+
+from rollart.contracts import EnvResetRequest, EnvResetResult, EnvStepRequest, EnvStepResult
+from rollart.envs import Env, make_env, registered_envs
+from rollart.envs.base import UnknownEnvironmentError
+
+
+class EnvActivities:
+    def __init__(self, worker_queue: str) -> None:
+        self.worker_queue = worker_queue
+        self.envs: dict[str, Env] = {}
+        self._lock = threading.Lock()
+
+    @activity.defn(name="env.check")
+    def check(self, env_name: str) -> list[str]:
+        """Fails the run up front, naming the field, when no worker knows the environment."""
+        if env_name not in registered_envs():
+            raise ApplicationError(
+                f"env.name: unknown environment {env_name!r}; registered: {registered_envs()}",
+                type="UnknownEnvironment", non_retryable=True,
+            )
+        return registered_envs()
+
+    @activity.defn(name="env.reset")
+    def reset(self, request: EnvResetRequest) -> EnvResetResult:
+        try:
+            env = make_env(request.env_name, **request.env_kwargs)
+        except UnknownEnvironmentError as err:
+            raise ApplicationError(str(err), type="UnknownEnvironment", non_retryable=True) from err
+        except TypeError as err:
+            raise ApplicationError(f"env.kwargs: {err}", type="BadEnvConfig",
+                                   non_retryable=True) from err
+        observation, _ = env.reset(request.seed)
+        with self._lock:
+            self.envs[request.trajectory_id] = env
+        return EnvResetResult(observation=observation, worker_queue=self.worker_queue,
+                              action_vocabulary=getattr(env, "action_vocabulary", None))
+
+    @activity.defn(name="env.step")
+    def step(self, request: EnvStepRequest) -> EnvStepResult:
+        with self._lock:
+            env = self.envs.get(request.trajectory_id)
+        if env is None:
+            raise ApplicationError(
+                f"no live environment for {request.trajectory_id} on {self.worker_queue} "
+                "(the env worker restarted?)", type="EnvironmentLost", non_retryable=True,
+            )
+        try:
+            result = env.step(request.action)
+        except Exception as err:
+            # A step may have changed the env before raising: retrying it would not be the same
+            # step, so the trajectory fails with the env's own error.
+            self.close(request.trajectory_id)
+            raise ApplicationError(f"{type(err).__name__}: {err}", type="EnvironmentError",
+                                   non_retryable=True) from err
+        if result.terminated or result.truncated:
+            self.close(request.trajectory_id)
+        return EnvStepResult(observation=result.observation, reward=result.reward,
+                             terminated=result.terminated, truncated=result.truncated,
+                             info=result.info)
+
+    @activity.defn(name="env.close")
+    def close(self, trajectory_id: str) -> None:
+        with self._lock:
+            env = self.envs.pop(trajectory_id, None)
+        closer = getattr(env, "close", None)
+        if closer is not None:
+            closer()

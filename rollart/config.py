@@ -1,0 +1,159 @@
+"""Run configuration: one pydantic model shared by the CLI, the workers and the workflows.
+
+Everything is checked when the model is built, so a bad config fails before any process starts and
+the error names the offending field (pydantic's `loc`).
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Role = Literal["env", "gen", "reward", "train"]
+
+
+class StrictModel(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelConfig(StrictModel):
+    path: str | None = Field(
+        None, description="A Hugging Face causal-LM directory; None makes the tiny default."
+    )
+    seed: int = 0
+
+
+class EngineConfig(StrictModel):
+    max_model_len: int = Field(512, ge=16)
+    kv_cache_mib: int = Field(256, ge=16, description="KV cache size per replica (MiB).")
+    max_num_seqs: int = Field(128, ge=1)
+    enforce_eager: bool = True
+
+
+class SamplingConfig(StrictModel):
+    temperature: float = Field(1.0, gt=0)
+    max_tokens_per_turn: int = Field(8, ge=1)
+    constrain_to_actions: bool = Field(
+        True,
+        description="Sample only the environment's action tokens (each action must be one token).",
+    )
+
+
+class EnvConfig(StrictModel):
+    name: str = "frozenlake"
+    kwargs: dict[str, object] = Field(default_factory=dict)
+    max_turns: int = Field(10, ge=1)
+    pool: str = "cpu"
+    gen_pool: str = "cpu"
+    reward_pool: str = "cpu"
+
+
+class AlgorithmConfig(StrictModel):
+    group_size: int = Field(8, description="Siblings per GRPO group; they share one env seed.")
+    batch_size: int = Field(
+        64, le=1024, description="Trajectories per train step; a multiple of group_size."
+    )
+    iterations: int = Field(40, ge=1)
+    learning_rate: float = Field(1e-3, gt=0)
+    clip_eps: float = Field(0.2, gt=0)
+    minibatches: int = Field(2, ge=1)
+    max_grad_norm: float = Field(1.0, gt=0)
+    stop_at_success: float | None = Field(
+        None, ge=0, le=1, description="End early once a batch's success rate reaches this."
+    )
+
+    @model_validator(mode="after")
+    def _check_groups(self) -> AlgorithmConfig:
+        if self.group_size < 2:
+            raise ValueError(f"group_size must be >= 2 for GRPO, got {self.group_size}")
+        if self.batch_size % self.group_size:
+            raise ValueError(
+                f"batch_size ({self.batch_size}) must be a multiple of group_size "
+                f"({self.group_size})"
+            )
+        if (self.batch_size // self.group_size) % self.minibatches:
+            raise ValueError(
+                f"the batch's {self.batch_size // self.group_size} groups do not split into "
+                f"{self.minibatches} minibatches"
+            )
+        return self
+
+
+class TrainerConfig(StrictModel):
+    pool: str = "cpu"
+    threads: int | None = Field(None, ge=1, description="torch threads; None lets torch choose.")
+
+
+class PoolConfig(StrictModel):
+    name: str
+    role: Role
+    hardware: str = "cpu"
+    replicas: int = Field(1, ge=1)
+
+
+class TemporalConfig(StrictModel):
+    address: str = "127.0.0.1:7233"
+    namespace: str = "default"
+    ui_port: int = 8233
+    control_queue: str = "rollart.control"
+
+
+def default_pools() -> list[PoolConfig]:
+    return [PoolConfig(name="cpu", role=role) for role in ("env", "gen", "reward", "train")]
+
+
+class RunConfig(StrictModel):
+    run_dir: str = "runs/latest"
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
+    trainer: TrainerConfig = Field(default_factory=TrainerConfig)
+    pools: list[PoolConfig] = Field(default_factory=default_pools)
+    temporal: TemporalConfig = Field(default_factory=TemporalConfig)
+
+    @model_validator(mode="after")
+    def _check_pools(self) -> RunConfig:
+        declared = {(p.role, p.name) for p in self.pools}
+        if len(declared) != len(self.pools):
+            raise ValueError("pools: each (role, name) pair may be declared once")
+        for field, role in (("pool", "env"), ("gen_pool", "gen"), ("reward_pool", "reward")):
+            name = getattr(self.env, field)
+            if (role, name) not in declared:
+                known = sorted(p.name for p in self.pools if p.role == role)
+                raise ValueError(f"env.{field}: unknown {role} pool {name!r} (declared: {known})")
+        if ("train", self.trainer.pool) not in declared:
+            raise ValueError(f"trainer.pool: unknown train pool {self.trainer.pool!r}")
+        return self
+
+    def pool(self, role: Role, name: str) -> PoolConfig:
+        return next(p for p in self.pools if p.role == role and p.name == name)
+
+    @property
+    def store_dir(self) -> Path:
+        return Path(self.run_dir) / "trajectories"
+
+    @property
+    def weights_dir(self) -> Path:
+        return Path(self.run_dir) / "weights"
+
+
+def load_config(path: str | Path | None = None, **overrides: object) -> RunConfig:
+    """Read a TOML or JSON config (or the defaults) and apply dotted overrides like
+    `algorithm.iterations=5`."""
+    data: dict = {}
+    if path is not None:
+        text = Path(path).read_text()
+        data = json.loads(text) if str(path).endswith(".json") else tomllib.loads(text)
+    for dotted, value in overrides.items():
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return RunConfig.model_validate(data)

@@ -1,0 +1,176 @@
+"""Messages that cross process boundaries (workflow <-> activity payloads and query results).
+
+They stay small on purpose: token data never travels through Temporal, only trajectory ids and
+per-turn text deltas; the token ids themselves live in the trajectory store.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from rollart.config import AlgorithmConfig, SamplingConfig
+
+TrajectoryStatus = Literal["completed", "failed"]
+
+
+class TrajectorySpec(BaseModel):
+    trajectory_id: str
+    group_id: str
+    seed: int
+    env_name: str
+    env_kwargs: dict[str, object] = Field(default_factory=dict)
+    max_turns: int
+    env_queue: str
+    gen_queue: str
+    reward_queue: str
+    store_dir: str
+    sampling: SamplingConfig
+
+
+class EnvResetRequest(BaseModel):
+    trajectory_id: str
+    env_name: str
+    env_kwargs: dict[str, object] = Field(default_factory=dict)
+    seed: int
+
+
+class EnvResetResult(BaseModel):
+    observation: str
+    worker_queue: str = Field(description="Queue of the env worker that holds this env's state.")
+    action_vocabulary: list[str] | None = None
+
+
+class EnvStepRequest(BaseModel):
+    trajectory_id: str
+    action: str
+
+
+class EnvStepResult(BaseModel):
+    observation: str
+    reward: float
+    terminated: bool
+    truncated: bool
+    info: dict[str, object] = Field(default_factory=dict)
+
+
+class GenerateRequest(BaseModel):
+    trajectory_id: str
+    turn: int
+    observation: str
+    store_dir: str
+    sampling: SamplingConfig
+    action_vocabulary: list[str] | None = None
+
+
+class GenerateResult(BaseModel):
+    text: str
+    prompt_tokens: int
+    new_tokens: int
+    cached_tokens: int
+    finish_reason: str
+    version: int
+
+
+class RewardRequest(BaseModel):
+    trajectory_id: str
+    env_name: str
+    env_rewards: list[float]
+    final_info: dict[str, object] = Field(default_factory=dict)
+
+
+class RewardResult(BaseModel):
+    reward: float
+    success: bool
+
+
+class TrajectoryResult(BaseModel):
+    """A reference to a finished trajectory: where its tokens are, plus the scalars to batch it."""
+
+    trajectory_id: str
+    group_id: str
+    status: TrajectoryStatus
+    reward: float = 0.0
+    success: bool = False
+    turns: int = 0
+    generated_tokens: int = 0
+    start_version: int = -1
+    end_version: int = -1
+    error: str | None = None
+
+
+class TrainSample(BaseModel):
+    trajectory_id: str
+    group_id: str
+    reward: float
+
+
+class TrainRequest(BaseModel):
+    iteration: int
+    version: int = Field(description="The version being trained on; the step publishes version+1.")
+    store_dir: str
+    samples: list[TrainSample]
+    algorithm: AlgorithmConfig
+    temperature: float
+
+
+class TrainResult(BaseModel):
+    version: int
+    weights_path: str
+    loss: float
+    grad_norm: float
+    clip_fraction: float
+    trained_tokens: int
+    logprob_mismatch: float = Field(
+        description="Mean |trainer - engine| logprob on sampled tokens before the step's update."
+    )
+    seconds: float
+
+
+class UpdateWeightsRequest(BaseModel):
+    version: int
+    weights_path: str
+
+
+class UpdateWeightsResult(BaseModel):
+    version: int
+    seconds: float
+
+
+class IterationMetrics(BaseModel):
+    iteration: int
+    version: int
+    reward_mean: float
+    success_rate: float
+    trajectories: int
+    generated_tokens: int
+    rollout_s: float
+    train_s: float
+    weight_update_s: float
+    step_s: float
+    tokens_per_s: float
+    loss: float
+
+
+class Ledger(BaseModel):
+    """Every started trajectory ends in exactly one of these buckets."""
+
+    started: int = 0
+    trained: int = 0
+    failed: int = 0
+    evicted: int = 0
+
+    @property
+    def in_flight(self) -> int:
+        return self.started - self.trained - self.failed - self.evicted
+
+
+class TrainingStatus(BaseModel):
+    iteration: int
+    iterations: int
+    version: int
+    done: bool
+    ledger: Ledger
+    history: list[IterationMetrics]
+    failures: list[str] = Field(default_factory=list)

@@ -1,0 +1,13 @@
+"""Text environments with gym-style reset/step, registered by name."""
+
+from rollart.envs.base import Env, StepResult, make_env, register_env, registered_envs
+from rollart.envs.frozenlake import FrozenLakeEnv
+
+__all__ = [
+    "Env",
+    "FrozenLakeEnv",
+    "StepResult",
+    "make_env",
+    "register_env",
+    "registered_envs",
+]

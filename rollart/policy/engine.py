@@ -1,0 +1,139 @@
+"""The inference side of the policy: one vLLM `AsyncLLM` per generation replica.
+
+Token-in/token-out: callers pass token ids and get back the sampled ids with the logprob of each
+under the distribution that actually sampled it (vLLM's `processed_logprobs`: after the
+allowed-token mask and temperature), which is what the trainer's importance ratio needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass
+
+from rollart.config import EngineConfig
+
+
+@dataclass
+class Sample:
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: str
+    cached_tokens: int
+    version: int
+
+
+class PolicyEngine:
+    def __init__(self, model_path: str, config: EngineConfig, seed: int = 0) -> None:
+        self.model_path = model_path
+        self.config = config
+        self.seed = seed
+        self.version = 0
+        self.llm = None
+        self.tokenizer = None
+        self._update_lock = asyncio.Lock()
+
+    async def start(self) -> PolicyEngine:
+        from transformers import AutoTokenizer
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        args = AsyncEngineArgs(
+            model=self.model_path,
+            dtype="float32",
+            seed=self.seed,
+            max_model_len=self.config.max_model_len,
+            max_num_seqs=self.config.max_num_seqs,
+            kv_cache_memory_bytes=self.config.kv_cache_mib * 2**20,
+            enforce_eager=self.config.enforce_eager,
+            enable_prefix_caching=True,
+            logprobs_mode="processed_logprobs",
+            disable_log_stats=True,
+            worker_extension_cls="rollart.policy.vllm_extension.WeightSyncExtension",
+        )
+        self.llm = AsyncLLM.from_engine_args(args)
+        return self
+
+    def shutdown(self) -> None:
+        if self.llm is not None:
+            self.llm.shutdown()
+            self.llm = None
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids, skip_special_tokens=True)
+
+    def single_token_ids(self, words: list[str]) -> list[int]:
+        """The token id of each word; raises if a word is not exactly one token."""
+        ids = []
+        for word in words:
+            encoded = self.encode(word)
+            if len(encoded) != 1:
+                raise ValueError(
+                    f"sampling.constrain_to_actions: action {word!r} is {len(encoded)} tokens "
+                    f"for this tokenizer; constrained decoding needs single-token actions"
+                )
+            ids.append(encoded[0])
+        return ids
+
+    async def generate(
+        self,
+        prompt_ids: list[int],
+        *,
+        max_tokens: int,
+        temperature: float,
+        allowed_token_ids: list[int] | None = None,
+        request_id: str | None = None,
+    ) -> Sample:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(
+            temperature=temperature,
+            max_tokens=max_tokens,
+            logprobs=0,
+            allowed_token_ids=allowed_token_ids,
+            output_kind=RequestOutputKind.FINAL_ONLY,
+            detokenize=False,
+        )
+        request_id = request_id or uuid.uuid4().hex
+        final = None
+        async for output in self.llm.generate(
+            TokensPrompt(prompt_token_ids=prompt_ids), params, request_id
+        ):
+            final = output
+        completion = final.outputs[0]
+        token_ids = list(completion.token_ids)
+        logprobs = [step[tok].logprob for step, tok in zip(completion.logprobs, token_ids,
+                                                            strict=True)]
+        return Sample(
+            token_ids=token_ids,
+            logprobs=logprobs,
+            finish_reason=completion.finish_reason or "unknown",
+            cached_tokens=final.num_cached_tokens or 0,
+            version=self.version,
+        )
+
+    async def abort(self, request_id: str) -> None:
+        await self.llm.abort(request_id)
+
+    async def update_weights(self, version: int, weights_path: str) -> float:
+        """Suspend -> load -> resume. Requests in flight keep their tokens and recompute their KV
+        under the new weights; returns the seconds generation was suspended."""
+        async with self._update_lock:
+            started = time.perf_counter()
+            await self.llm.pause_generation(mode="keep", clear_cache=False)
+            try:
+                await self.llm.collective_rpc("reload_weights",
+                                              kwargs={"weights_path": weights_path})
+                await self.llm.collective_rpc("retie_word_embeddings")
+                await self.llm.reset_prefix_cache(reset_running_requests=True)
+                self.version = version
+            finally:
+                await self.llm.resume_generation()
+            return time.perf_counter() - started

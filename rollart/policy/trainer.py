@@ -1,0 +1,154 @@
+"""The training side of the policy: a torch model that takes GRPO steps on stored trajectories
+and publishes each new version as a Hugging Face directory the engines reload from."""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from rollart.config import AlgorithmConfig
+from rollart.contracts import TrainResult, TrainSample
+from rollart.policy.grpo import Scored, clipped_policy_loss, group_advantages, token_logprobs
+from rollart.store import TrajectoryStore, TurnRecord
+
+KEEP_VERSIONS = 2
+
+
+@dataclass
+class Sequence:
+    """One trajectory laid out for the trainer, token-in/token-out."""
+
+    token_ids: list[int]
+    loss_mask: list[bool]
+    behaviour_logprobs: list[float]
+    versions: list[int]
+    allowed_ids: list[int] | None
+    advantage: float
+
+
+def layout(records: list[TurnRecord], advantage: float) -> Sequence:
+    """Concatenate turns exactly as the engine saw them; only sampled tokens are trained."""
+    ids, mask, behaviour, versions = [], [], [], []
+    allowed = None
+    for record in records:
+        ids += record.observation_ids
+        mask += [False] * len(record.observation_ids)
+        behaviour += [0.0] * len(record.observation_ids)
+        versions += [-1] * len(record.observation_ids)
+        ids += record.sampled_ids
+        mask += [True] * len(record.sampled_ids)
+        behaviour += record.logprobs
+        versions += [record.version] * len(record.sampled_ids)
+        allowed = record.allowed_ids if record.allowed_ids is not None else allowed
+    return Sequence(ids, mask, behaviour, versions, allowed, advantage)
+
+
+class Trainer:
+    def __init__(self, model_path: str, weights_dir: str | Path, learning_rate: float,
+                 seed: int = 0, threads: int | None = None) -> None:
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        if threads:
+            torch.set_num_threads(threads)
+        torch.manual_seed(seed)
+        self.rng = random.Random(seed)
+        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.model.train()
+        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.pad_id = self.tokenizer.pad_token_id or 0
+        self.vocab_size = self.model.config.vocab_size
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=learning_rate,
+                                           weight_decay=0.0)
+        self.weights_dir = Path(weights_dir)
+        self.version = 0
+
+    def train_step(self, store: TrajectoryStore, samples: list[TrainSample],
+                   algorithm: AlgorithmConfig, temperature: float,
+                   heartbeat: Callable[[], None] = lambda: None) -> TrainResult:
+        started = time.perf_counter()
+        for group in self.optimizer.param_groups:
+            group["lr"] = algorithm.learning_rate
+        advantages = group_advantages(
+            [Scored(s.trajectory_id, s.group_id, s.reward) for s in samples]
+        )
+        by_group: dict[str, list[Sequence]] = {}
+        for sample in samples:
+            records = store.read(sample.trajectory_id)
+            if not records:
+                raise ValueError(f"trajectory {sample.trajectory_id} has no stored turns")
+            by_group.setdefault(sample.group_id, []).append(
+                layout(records, advantages[sample.trajectory_id])
+            )
+        groups = list(by_group.values())
+        self.rng.shuffle(groups)
+        chunks = [groups[i::algorithm.minibatches] for i in range(algorithm.minibatches)]
+        losses, clip_fractions, tokens, grad_norm, mismatch = [], [], 0, 0.0, None
+        for chunk in chunks:
+            sequences = [seq for group in chunk for seq in group]
+            if not sequences:
+                continue
+            stats = self._loss(sequences, algorithm.clip_eps, temperature)
+            if mismatch is None:  # before the first update the trainer is the behaviour policy
+                mismatch = stats.mismatch
+            self.optimizer.zero_grad(set_to_none=True)
+            stats.loss.backward()
+            grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
+                                                             algorithm.max_grad_norm))
+            self.optimizer.step()
+            losses.append(float(stats.loss.detach()))
+            clip_fractions.append(stats.clip_fraction)
+            tokens += stats.tokens
+            heartbeat()
+        self.version += 1
+        path = self.publish()
+        return TrainResult(
+            version=self.version,
+            weights_path=str(path),
+            loss=sum(losses) / max(len(losses), 1),
+            grad_norm=grad_norm,
+            clip_fraction=sum(clip_fractions) / max(len(clip_fractions), 1),
+            trained_tokens=tokens,
+            logprob_mismatch=mismatch or 0.0,
+            seconds=time.perf_counter() - started,
+        )
+
+    def _loss(self, sequences: list[Sequence], clip_eps: float, temperature: float):
+        length = max(len(s.token_ids) for s in sequences)
+
+        def pad(values, fill):
+            return [v + [fill] * (length - len(v)) for v in values]
+
+        ids = torch.tensor(pad([s.token_ids for s in sequences], self.pad_id))
+        attention = torch.tensor(pad([[1] * len(s.token_ids) for s in sequences], 0))
+        mask = torch.tensor(pad([s.loss_mask for s in sequences], False))
+        behaviour = torch.tensor(pad([s.behaviour_logprobs for s in sequences], 0.0))
+        advantages = torch.tensor([s.advantage for s in sequences])[:, None]
+        allowed = None
+        if any(s.allowed_ids is not None for s in sequences):
+            allowed = torch.ones(len(sequences), self.vocab_size, dtype=torch.bool)
+            for row, seq in enumerate(sequences):
+                if seq.allowed_ids is not None:
+                    allowed[row] = False
+                    allowed[row, seq.allowed_ids] = True
+        logits = self.model(input_ids=ids, attention_mask=attention).logits[:, :-1]
+        logprobs = token_logprobs(logits, ids[:, 1:], temperature, allowed)
+        return clipped_policy_loss(logprobs, behaviour[:, 1:], advantages, mask[:, 1:], clip_eps)
+
+    def publish(self) -> Path:
+        """Write this version where the engines can reload it; drop versions nobody needs."""
+        path = self.weights_dir / f"v{self.version:06d}"
+        staging = path.with_name(path.name + ".staging")
+        self.model.save_pretrained(staging)
+        self.tokenizer.save_pretrained(staging)
+        if path.exists():
+            shutil.rmtree(path)
+        staging.rename(path)
+        for old in sorted(self.weights_dir.glob("v[0-9]*"))[:-KEEP_VERSIONS]:
+            shutil.rmtree(old, ignore_errors=True)
+        return path

@@ -1,0 +1,244 @@
+"""The `rollart` command line.
+
+  rollart train            the embedded default: dev server + fleet workers + a training run
+  rollart stack            dev server + fleet workers, waiting for runs started elsewhere
+  rollart worker           one fleet worker (--role env|gen|reward|train|control)
+  rollart start            start a TrainingWorkflow on a running stack (the SDK path)
+  rollart ui RUN_DIR       reopen a finished run's histories in the Web UI
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import logging
+import signal
+import sys
+import time
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from rollart.config import RunConfig, load_config
+
+WORKFLOW_ID_PREFIX = "rollart-train-"
+
+
+def _parse_sets(pairs: list[str]) -> dict[str, object]:
+    overrides = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise SystemExit(f"--set expects key=value, got {pair!r}")
+        try:
+            overrides[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            overrides[key] = raw
+    return overrides
+
+
+def _config(args: argparse.Namespace, fresh_run_dir: bool = False) -> RunConfig:
+    overrides = _parse_sets(args.set or [])
+    if getattr(args, "run_dir", None):
+        overrides["run_dir"] = args.run_dir
+    try:
+        config = load_config(args.config, **overrides)
+    except ValidationError as err:
+        raise SystemExit(f"invalid config:\n{_explain(err)}") from None
+    named = "run_dir" in overrides or (args.config and "run_dir" in Path(args.config).read_text())
+    if fresh_run_dir and not named:
+        config.run_dir = f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
+    config.run_dir = str(Path(config.run_dir).resolve())
+    return config
+
+
+def _explain(err: ValidationError) -> str:
+    lines = []
+    for problem in err.errors():
+        field = ".".join(str(part) for part in problem["loc"]) or "config"
+        lines.append(f"  {field}: {problem['msg']}")
+    return "\n".join(lines)
+
+
+def _check_env_name(config: RunConfig) -> None:
+    from rollart.envs import registered_envs
+
+    if config.env.name not in registered_envs():
+        raise SystemExit(f"invalid config:\n  env.name: unknown environment {config.env.name!r}; "
+                         f"registered: {registered_envs()}")
+
+
+def _write_config(config: RunConfig) -> Path:
+    run_dir = Path(config.run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    path = run_dir / "config.json"
+    path.write_text(config.model_dump_json(indent=2))
+    return path
+
+
+async def _start_workflow(config: RunConfig, workflow_id: str):
+    from rollart.contracts import TrainingStatus
+    from rollart.workers.client import connect
+    from rollart.workflows.training import TrainingInput
+
+    client = await connect(config.temporal)
+    return await client.start_workflow(
+        "TrainingWorkflow", TrainingInput(config=config), id=workflow_id,
+        task_queue=config.temporal.control_queue, result_type=TrainingStatus,
+    )
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from rollart.policy.model import resolve_model_path
+    from rollart.workers.progress import console, follow, plot_curve, read_metrics
+    from rollart.workers.stack import Stack
+
+    config = _config(args, fresh_run_dir=True)
+    _check_env_name(config)
+    run_dir = Path(config.run_dir)
+    with console.status("preparing the policy model"):
+        model_path = resolve_model_path(config.model.path, config.model.seed)
+    config_file = _write_config(config)
+    console.print(f"run directory: {run_dir}\npolicy: {model_path}")
+    workflow_id = WORKFLOW_ID_PREFIX + run_dir.name
+
+    async def main():
+        with Stack(config, config_file) as stack:
+            console.print(f"Temporal dev server on {config.temporal.address}, Web UI on "
+                          f"http://127.0.0.1:{config.temporal.ui_port}; workers: "
+                          f"{', '.join(stack.processes)} (logs in {stack.logs})")
+            handle = await _start_workflow(config, workflow_id)
+            return await follow(handle, run_dir, check=stack.check_alive)
+
+    status = asyncio.run(main())
+    metrics = read_metrics(run_dir)
+    curve = plot_curve(metrics, run_dir / "curve.png")
+    last = status.history[-1] if status.history else None
+    ledger = status.ledger
+    console.print(
+        f"\n[bold]done[/bold]: {status.iteration} iterations, policy v{status.version}"
+        + (f", final success rate {last.success_rate:.2f}" if last else "")
+        + f"\ntrajectories: started {ledger.started}, trained {ledger.trained}, "
+        f"failed {ledger.failed}, evicted {ledger.evicted}"
+        f"\nrun directory: {run_dir}  (config.json, metrics.jsonl, "
+        f"{'curve.png, ' if curve else ''}weights/, trajectories/, logs/)"
+        f"\nWeb UI on this run's histories: rollart ui {run_dir}  then open "
+        f"http://127.0.0.1:{config.temporal.ui_port}/namespaces/default/workflows"
+    )
+    return 0
+
+
+def cmd_stack(args: argparse.Namespace) -> int:
+    from rollart.workers.stack import Stack
+
+    config = _config(args)
+    _check_env_name(config)
+    config_file = _write_config(config)
+    with Stack(config, config_file) as stack:
+        print(f"stack up: Temporal {config.temporal.address}, Web UI "
+              f"http://127.0.0.1:{config.temporal.ui_port}, config {config_file}; Ctrl-C stops",
+              flush=True)
+        try:
+            while True:
+                stack.check_alive()
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from rollart.workers.fleet import run_worker
+
+    config = _config(args)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+
+    async def main():
+        task = asyncio.ensure_future(run_worker(config, args.role, args.pool, args.replica))
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, task.cancel)
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    asyncio.run(main())
+    return 0
+
+
+def cmd_start(args: argparse.Namespace) -> int:
+    config = _config(args)
+    _check_env_name(config)
+
+    async def main():
+        workflow_id = args.workflow_id or WORKFLOW_ID_PREFIX + time.strftime("%Y%m%d-%H%M%S")
+        handle = await _start_workflow(config, workflow_id)
+        print(f"started {handle.id}")
+        if args.wait:
+            print((await handle.result()).model_dump_json(indent=2))
+
+    asyncio.run(main())
+    return 0
+
+
+def cmd_ui(args: argparse.Namespace) -> int:
+    from rollart.workers.devserver import DevServer
+
+    run_dir = Path(args.run_dir).resolve()
+    db = run_dir / "temporal.db"
+    if not db.exists():
+        raise SystemExit(f"{db} does not exist: is {run_dir} a rollart run directory?")
+    with DevServer(db, args.port, args.ui_port):
+        print(f"Web UI: http://127.0.0.1:{args.ui_port}/namespaces/default/workflows "
+              "(Ctrl-C stops)", flush=True)
+        try:
+            while True:
+                time.sleep(1)
+        except KeyboardInterrupt:
+            pass
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rollart", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    def with_config(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        sub.add_argument("--config", help="TOML or JSON run config (defaults if omitted)")
+        sub.add_argument("--set", action="append", metavar="KEY=VALUE",
+                         help="override a config field, e.g. algorithm.iterations=5")
+        return sub
+
+    train = with_config(commands.add_parser("train", help=cmd_train.__doc__))
+    train.add_argument("--run-dir")
+    train.set_defaults(func=cmd_train)
+    stack = with_config(commands.add_parser("stack"))
+    stack.add_argument("--run-dir")
+    stack.set_defaults(func=cmd_stack)
+    worker = with_config(commands.add_parser("worker"))
+    worker.add_argument("--role", required=True,
+                        choices=["control", "env", "gen", "reward", "train"])
+    worker.add_argument("--pool", default="cpu")
+    worker.add_argument("--replica", type=int, default=0)
+    worker.set_defaults(func=cmd_worker)
+    start = with_config(commands.add_parser("start"))
+    start.add_argument("--workflow-id")
+    start.add_argument("--wait", action="store_true")
+    start.set_defaults(func=cmd_start)
+    ui = commands.add_parser("ui")
+    ui.add_argument("run_dir")
+    ui.add_argument("--port", type=int, default=7233)
+    ui.add_argument("--ui-port", type=int, default=8233)
+    ui.set_defaults(func=cmd_ui)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

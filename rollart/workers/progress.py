@@ -1,0 +1,101 @@
+"""Following a run from the outside: progress on the terminal, metrics.jsonl and a curve."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+from temporalio.client import WorkflowHandle
+
+from rollart.contracts import IterationMetrics, TrainingStatus
+
+console = Console()
+
+
+def _table(status: TrainingStatus, elapsed_s: float) -> Table:
+    ledger = status.ledger
+    table = Table(title=f"rollart  iteration {status.iteration}/{status.iterations}  "
+                        f"policy v{status.version}  {elapsed_s:.0f}s")
+    for column in ("iter", "reward", "success", "step s", "rollout s", "train s", "update s",
+                   "tok/s", "loss"):
+        table.add_column(column, justify="right")
+    for m in status.history[-8:]:
+        table.add_row(str(m.iteration), f"{m.reward_mean:.3f}", f"{m.success_rate:.2f}",
+                      f"{m.step_s:.1f}", f"{m.rollout_s:.1f}", f"{m.train_s:.1f}",
+                      f"{m.weight_update_s:.2f}", f"{m.tokens_per_s:.0f}", f"{m.loss:.4f}")
+    table.caption = (f"trajectories started {ledger.started}  trained {ledger.trained}  "
+                     f"failed {ledger.failed}  evicted {ledger.evicted}  "
+                     f"in flight {ledger.in_flight}")
+    return table
+
+
+async def follow(handle: WorkflowHandle, run_dir: Path, poll_s: float = 1.0,
+                 check: Callable[[], None] = lambda: None) -> TrainingStatus:
+    """Show progress until the workflow ends; append each iteration to metrics.jsonl."""
+    metrics_file = run_dir / "metrics.jsonl"
+    written = 0
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    result_task = asyncio.ensure_future(handle.result())
+    status = None
+    with Live(console=console, refresh_per_second=2) as live:
+        while not result_task.done():
+            check()
+            try:
+                status = await handle.query("status", result_type=TrainingStatus)
+            except Exception:  # the workflow may not have run its first task yet
+                status = None
+            if status is not None:
+                fresh = [m for m in status.history if m.iteration >= written]
+                with metrics_file.open("a") as out:
+                    for m in fresh:
+                        out.write(m.model_dump_json() + "\n")
+                written += len(fresh)
+                live.update(_table(status, loop.time() - started))
+            await asyncio.wait([result_task], timeout=poll_s)
+        status = result_task.result()
+        with metrics_file.open("a") as out:
+            for m in status.history:
+                if m.iteration >= written:
+                    out.write(m.model_dump_json() + "\n")
+        live.update(_table(status, loop.time() - started))
+    return status
+
+
+def read_metrics(run_dir: Path) -> list[IterationMetrics]:
+    path = run_dir / "metrics.jsonl"
+    if not path.exists():
+        return []
+    lines = path.read_text().splitlines()
+    return [IterationMetrics.model_validate(json.loads(line)) for line in lines if line.strip()]
+
+
+def plot_curve(metrics: list[IterationMetrics], out: Path) -> Path | None:
+    if not metrics:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    elapsed, clock = [], 0.0
+    for m in metrics:
+        clock += m.step_s
+        elapsed.append(clock / 60)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(elapsed, [m.success_rate for m in metrics], marker="o", label="success rate")
+    ax.plot(elapsed, [m.reward_mean for m in metrics], linestyle="--", label="mean reward")
+    ax.set_xlabel("training wall time (min)")
+    ax.set_ylim(-0.02, 1.02)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    ax.set_title("rollart: batch success rate (sampled rollouts)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return out

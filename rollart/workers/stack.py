@@ -1,0 +1,75 @@
+"""The embedded stack for one machine: a dev server plus one process per fleet worker."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rollart.config import RunConfig
+from rollart.workers.devserver import DevServer
+
+
+def worker_commands(config_file: Path, config: RunConfig) -> dict[str, list[str]]:
+    """One `rollart worker` command per process the config needs, keyed by a log name."""
+    base = [sys.executable, "-m", "rollart.workers.cli", "worker", "--config", str(config_file)]
+    commands = {"control": base + ["--role", "control"]}
+    for pool in config.pools:
+        if pool.role == "gen":
+            for replica in range(pool.replicas):
+                commands[f"gen.{pool.name}.r{replica}"] = base + [
+                    "--role", "gen", "--pool", pool.name, "--replica", str(replica)]
+        else:
+            commands[f"{pool.role}.{pool.name}"] = base + ["--role", pool.role, "--pool", pool.name]
+    return commands
+
+
+class Stack:
+    def __init__(self, config: RunConfig, config_file: Path, start_server: bool = True) -> None:
+        self.config, self.config_file = config, config_file
+        self.logs = Path(config.run_dir) / "logs"
+        host, port = config.temporal.address.rsplit(":", 1)
+        self.server = DevServer(Path(config.run_dir) / "temporal.db", int(port),
+                                config.temporal.ui_port, self.logs / "temporal.log")
+        self.start_server = start_server
+        self.processes: dict[str, subprocess.Popen] = {}
+
+    def start(self) -> Stack:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        if self.start_server:
+            self.server.start()
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        for name, command in worker_commands(self.config_file, self.config).items():
+            log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (the child owns it)
+            self.processes[name] = subprocess.Popen(command, stdout=log,
+                                                    stderr=subprocess.STDOUT, env=env)
+        return self
+
+    def check_alive(self) -> None:
+        for name, process in self.processes.items():
+            if process.poll() is not None:
+                tail = (self.logs / f"{name}.log").read_text(errors="replace")[-2000:]
+                raise RuntimeError(f"worker {name} exited with {process.returncode}; "
+                                   f"log {self.logs / (name + '.log')}:\n{tail}")
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.terminate()
+        deadline = time.monotonic() + 15
+        for process in self.processes.values():
+            try:
+                process.wait(max(deadline - time.monotonic(), 0.1))
+            except subprocess.TimeoutExpired:
+                process.kill()
+        self.processes.clear()
+        if self.start_server:
+            self.server.stop()
+
+    def __enter__(self) -> Stack:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

@@ -1,0 +1,65 @@
+"""Shared fixtures: a real Temporal dev server and one real vLLM engine for the whole session."""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from rollart.config import RunConfig, load_config
+from rollart.policy.model import resolve_model_path
+from rollart.workers.client import connect
+from rollart.workers.devserver import DevServer
+from rollart.workers.fleet import build_workers
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture(scope="session")
+def temporal_server(tmp_path_factory) -> DevServer:
+    db = tmp_path_factory.mktemp("temporal") / "temporal.db"
+    with DevServer(db, port=free_port(), ui_port=None) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def model_path() -> str:
+    return resolve_model_path(None)
+
+
+@pytest_asyncio.fixture(scope="session", loop_scope="session")
+async def engine(model_path):
+    from rollart.config import EngineConfig
+    from rollart.policy.engine import PolicyEngine
+
+    policy = await PolicyEngine(model_path, EngineConfig()).start()
+    yield policy
+    policy.shutdown()
+
+
+def make_config(temporal_server: DevServer, run_dir: Path, **overrides) -> RunConfig:
+    overrides = {"temporal.address": temporal_server.address, "run_dir": str(run_dir),
+                 **overrides}
+    return load_config(None, **overrides)
+
+
+@contextlib.asynccontextmanager
+async def running_fleet(config: RunConfig, engine, roles=("control", "env", "reward", "gen",
+                                                          "train")):
+    """Every fleet role as in-process workers on the test server (the gen role reuses the
+    session engine)."""
+    client = await connect(config.temporal)
+    workers = []
+    for role in roles:
+        workers += await build_workers(config, client, role, engine=engine)
+    async with contextlib.AsyncExitStack() as stack:
+        for worker in workers:
+            await stack.enter_async_context(worker)
+        yield client

@@ -1,0 +1,43 @@
+"""Environments that exist only to exercise rollart's failure and scaling paths."""
+
+from __future__ import annotations
+
+import itertools
+
+from rollart.envs import FrozenLakeEnv, StepResult, register_env
+
+
+@register_env("corridor")
+class Corridor:
+    """Never ends on its own: a trajectory lasts exactly max_turns turns."""
+
+    action_vocabulary = ["Left", "Right"]
+
+    def reset(self, seed: int):
+        return "F F F", {}
+
+    def step(self, action: str) -> StepResult:
+        return StepResult("F P F", 0.0, False)
+
+
+_instances = itertools.count()
+
+
+@register_env("exploding")
+class ExplodingFrozenLake(FrozenLakeEnv):
+    """FrozenLake whose every `every`-th instance raises on its first step."""
+
+    def __init__(self, every: int = 4, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.explodes = next(_instances) % every == 0
+
+    def step(self, action: str) -> StepResult:
+        if self.explodes:
+            raise RuntimeError("boom: the simulator crashed")
+        return super().step(action)
+
+
+@register_env("broken_reset")
+class BrokenReset(FrozenLakeEnv):
+    def reset(self, seed: int):
+        raise ConnectionError("cannot start the sandbox")

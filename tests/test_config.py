@@ -1,0 +1,55 @@
+import subprocess
+import sys
+
+import pytest
+from pydantic import ValidationError
+
+from rollart.config import load_config
+
+
+def field_errors(**overrides) -> str:
+    with pytest.raises(ValidationError) as caught:
+        load_config(None, **overrides)
+    return str(caught.value)
+
+
+def test_defaults_are_valid():
+    config = load_config(None)
+    assert config.algorithm.batch_size % config.algorithm.group_size == 0
+    assert config.env.name == "frozenlake"
+
+
+def test_group_size_below_two_names_the_field():
+    message = field_errors(**{"algorithm.group_size": 1, "algorithm.batch_size": 8})
+    assert "algorithm" in message and "group_size must be >= 2" in message
+
+
+def test_batch_not_multiple_of_group():
+    message = field_errors(**{"algorithm.group_size": 8, "algorithm.batch_size": 20})
+    assert "batch_size (20) must be a multiple of group_size (8)" in message
+
+
+def test_unknown_pool_names_the_field():
+    message = field_errors(**{"env.gen_pool": "h800"})
+    assert "env.gen_pool: unknown gen pool 'h800'" in message
+
+
+def test_unknown_key_is_rejected():
+    message = field_errors(**{"algorithm.learning_rat": 0.1})
+    assert "learning_rat" in message
+
+
+def test_cli_refuses_bad_config_before_starting_anything(tmp_path):
+    run_dir = tmp_path / "run"
+    for setting, expected in [
+        ("env.name=nosuchenv", "env.name: unknown environment 'nosuchenv'"),
+        ("algorithm.group_size=1", "group_size must be >= 2"),
+        ("env.pool=gpu", "env.pool: unknown env pool 'gpu'"),
+    ]:
+        result = subprocess.run(
+            [sys.executable, "-m", "rollart.workers.cli", "train", "--run-dir", str(run_dir),
+             "--set", setting], capture_output=True, text=True, timeout=120,
+        )
+        assert result.returncode != 0
+        assert expected in result.stderr, result.stderr
+        assert not (run_dir / "temporal.db").exists()

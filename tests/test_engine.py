@@ -1,0 +1,71 @@
+"""The vLLM engine's side of token-in/token-out and in-place weight updates."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from rollart.envs.frozenlake import ACTIONS
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+PROMPT = "P F F F | F H F H | F F F H | H F F G"
+
+
+def hf_logprob(model, ids: list[int], token: int, allowed: list[int] | None = None) -> float:
+    with torch.no_grad():
+        logits = model(torch.tensor([ids])).logits[0, -1].float()
+    if allowed is not None:
+        masked = torch.full_like(logits, float("-inf"))
+        masked[allowed] = logits[allowed]
+        logits = masked
+    return torch.log_softmax(logits, -1)[token].item()
+
+
+async def test_constrained_sampling_reports_the_sampling_distribution(engine, model_path):
+    allowed = engine.single_token_ids(ACTIONS)
+    ids = engine.encode(PROMPT)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    seen = {}
+    for _ in range(40):
+        sample = await engine.generate(ids, max_tokens=1, temperature=1.0,
+                                       allowed_token_ids=allowed)
+        assert sample.token_ids[0] in allowed
+        seen[sample.token_ids[0]] = sample.logprobs[0]
+    assert len(seen) >= 2
+    for token, logprob in seen.items():
+        assert logprob == pytest.approx(hf_logprob(model, ids, token, allowed), abs=1e-4)
+
+
+async def test_weight_update_takes_effect_in_place(engine, model_path, tmp_path):
+    """Regression: vLLM's CPU build repacks linear weights, so a plain in-place reload left the
+    engine sampling from stale weights."""
+    ids = engine.encode(PROMPT)
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.2)
+    model.save_pretrained(tmp_path / "perturbed")
+    version = engine.version + 1
+    await engine.update_weights(version, str(tmp_path / "perturbed"))
+    try:
+        sample = await engine.generate(ids, max_tokens=4, temperature=1.0)
+        assert sample.version == version
+        context = list(ids)
+        for token, logprob in zip(sample.token_ids, sample.logprobs, strict=True):
+            assert logprob == pytest.approx(hf_logprob(model, context, token), abs=1e-3)
+            context.append(token)
+    finally:
+        await engine.update_weights(0, model_path)
+    restored = await engine.generate(ids, max_tokens=1, temperature=1.0)
+    original = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+    assert math.isclose(restored.logprobs[0],
+                        hf_logprob(original, ids, restored.token_ids[0]), abs_tol=1e-4)
+
+
+def test_multi_token_actions_are_refused_for_constrained_decoding(engine):
+    with pytest.raises(ValueError, match="constrain_to_actions"):
+        engine.single_token_ids(["Left Right"])

@@ -1,0 +1,62 @@
+import math
+
+import pytest
+import torch
+
+from rollart.policy.grpo import Scored, clipped_policy_loss, group_advantages, token_logprobs
+
+
+def test_advantages_are_normalized_within_each_group():
+    samples = [Scored("a", "g1", 1.0), Scored("b", "g1", 0.0), Scored("c", "g1", 0.0),
+               Scored("d", "g2", 5.0), Scored("e", "g2", 3.0)]
+    adv = group_advantages(samples)
+    assert sum(adv[t] for t in "abc") == pytest.approx(0.0, abs=1e-6)
+    assert sum(adv[t] for t in "de") == pytest.approx(0.0, abs=1e-6)
+    assert adv["a"] == pytest.approx(math.sqrt(2), rel=1e-4)
+    # group 2 has the same spread in reward units as a 1/-1 group: scale does not leak across
+    assert adv["d"] == pytest.approx(1.0, rel=1e-4) and adv["e"] == pytest.approx(-1.0, rel=1e-4)
+
+
+def test_equal_rewards_carry_no_signal():
+    adv = group_advantages([Scored("a", "g", 1.0), Scored("b", "g", 1.0)])
+    assert adv == {"a": 0.0, "b": 0.0}
+
+
+def test_constrained_logprobs_are_a_distribution_over_allowed_tokens():
+    logits = torch.randn(1, 3, 10)
+    allowed = torch.zeros(1, 10, dtype=torch.bool)
+    allowed[0, [2, 5, 7]] = True
+    total = sum(token_logprobs(logits, torch.full((1, 3), t), 0.7, allowed).exp()
+                for t in (2, 5, 7))
+    assert torch.allclose(total, torch.ones(1, 3), atol=1e-5)
+
+
+def test_loss_ignores_observation_tokens():
+    logprobs = torch.zeros(1, 4, requires_grad=True)
+    behaviour = torch.zeros(1, 4)
+    mask = torch.tensor([[False, True, False, True]])
+    stats = clipped_policy_loss(logprobs, behaviour, torch.tensor([[1.0]]), mask, 0.2)
+    stats.loss.backward()
+    assert stats.tokens == 2
+    assert logprobs.grad[0, 0] == 0 and logprobs.grad[0, 2] == 0
+    assert logprobs.grad[0, 1] < 0 and logprobs.grad[0, 3] < 0
+
+
+def test_ratio_beyond_clip_stops_the_gradient():
+    behaviour = torch.zeros(1, 2)
+    logprobs = torch.tensor([[0.5, 0.0]], requires_grad=True)  # ratio e^0.5 > 1.2
+    mask = torch.tensor([[True, True]])
+    stats = clipped_policy_loss(logprobs, behaviour, torch.tensor([[1.0]]), mask, 0.2)
+    stats.loss.backward()
+    assert logprobs.grad[0, 0] == 0 and logprobs.grad[0, 1] != 0
+    assert stats.clip_fraction == pytest.approx(0.5)
+
+
+def test_minus_infinity_outside_the_mask_stays_finite():
+    logprobs = torch.tensor([[float("-inf"), -0.1]], requires_grad=True)
+    behaviour = torch.tensor([[0.0, -0.1]])
+    mask = torch.tensor([[False, True]])
+    stats = clipped_policy_loss(logprobs, behaviour, torch.tensor([[1.0]]), mask, 0.2)
+    stats.loss.backward()
+    assert torch.isfinite(stats.loss) and torch.isfinite(logprobs.grad).all()
+    assert stats.mismatch == pytest.approx(0.0)

@@ -1,0 +1,78 @@
+"""TrajectoryWorkflow against the real dev server and the real vLLM engine."""
+
+from __future__ import annotations
+
+import json
+
+import envs_for_tests  # noqa: F401  (registers the test environments)
+import pytest
+from conftest import make_config, running_fleet
+from temporalio.api.enums.v1 import WorkflowExecutionStatus
+from temporalio.client import WorkflowFailureError
+
+from rollart.contracts import TrajectoryResult, TrajectorySpec
+from rollart.queues import pool_queue, replica_queue
+from rollart.store import TrajectoryStore
+from rollart.workflows.trajectory import TrajectoryWorkflow
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+def spec_for(config, tid: str, env_name: str, max_turns: int) -> TrajectorySpec:
+    return TrajectorySpec(
+        trajectory_id=tid, group_id="g", seed=7, env_name=env_name, max_turns=max_turns,
+        env_queue=pool_queue("env", "cpu"), gen_queue=replica_queue("gen", "cpu", 0),
+        reward_queue=pool_queue("reward", "cpu"), store_dir=str(config.store_dir),
+        sampling=config.sampling,
+    )
+
+
+async def history_size(client, workflow_id: str) -> tuple[int, int]:
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    return len(history.events), len(json.dumps(history.to_json_dict()))
+
+
+async def test_history_grows_linearly_and_stays_small(temporal_server, engine, tmp_path):
+    config = make_config(temporal_server, tmp_path)
+    sizes = {}
+    async with running_fleet(config, engine, roles=("control", "env", "reward", "gen")) as client:
+        for turns in (10, 25, 50):
+            tid = f"corridor-{turns}"
+            result = await client.execute_workflow(
+                TrajectoryWorkflow.run, spec_for(config, tid, "corridor", turns), id=tid,
+                task_queue=config.temporal.control_queue, result_type=TrajectoryResult,
+            )
+            assert result.turns == turns and result.status == "completed"
+            sizes[turns] = await history_size(client, tid)
+    (e10, _), (e25, b25), (e50, b50) = sizes[10], sizes[25], sizes[50]
+    per_turn_events = (e50 - e25) / 25
+    assert per_turn_events == (e25 - e10) / 15  # exactly linear in turns
+    assert per_turn_events <= 12  # two activities and two workflow tasks per turn
+    per_turn_bytes = (b50 - b25) / 25
+    assert per_turn_bytes < 4096
+    assert b50 < 256 * 1024 and e50 < 1000  # far below the 50 MiB / 51,200-event limits
+    # the tokens live in the store, one file per turn
+    assert len(TrajectoryStore(config.store_dir).read("corridor-50")) == 50
+
+
+async def test_env_error_fails_only_its_trajectory(temporal_server, engine, tmp_path):
+    config = make_config(temporal_server, tmp_path)
+    async with running_fleet(config, engine, roles=("control", "env", "reward", "gen")) as client:
+        with pytest.raises(WorkflowFailureError) as failed:
+            await client.execute_workflow(
+                TrajectoryWorkflow.run,
+                spec_for(config, "exploding-1", "exploding", 5).model_copy(
+                    update={"env_kwargs": {"every": 1}}),
+                id="exploding-1", task_queue=config.temporal.control_queue,
+            )
+        assert "boom: the simulator crashed" in str(failed.value.cause)
+        assert "in step (turn 0)" in str(failed.value.cause)
+        description = await client.get_workflow_handle("exploding-1").describe()
+        assert description.status == WorkflowExecutionStatus.WORKFLOW_EXECUTION_STATUS_FAILED
+
+        with pytest.raises(WorkflowFailureError) as failed:
+            await client.execute_workflow(
+                TrajectoryWorkflow.run, spec_for(config, "broken-1", "broken_reset", 5),
+                id="broken-1", task_queue=config.temporal.control_queue,
+            )
+        assert "cannot start the sandbox" in str(failed.value.cause)
