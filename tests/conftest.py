@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import socket
 from pathlib import Path
 
@@ -11,9 +10,7 @@ import pytest_asyncio
 
 from rollart.config import RunConfig, load_config
 from rollart.policy.model import resolve_model_path
-from rollart.workers.client import connect
 from rollart.workers.devserver import DevServer
-from rollart.workers.fleet import build_workers
 
 
 def free_port() -> int:
@@ -48,18 +45,3 @@ def make_config(temporal_server: DevServer, run_dir: Path, **overrides) -> RunCo
     overrides = {"temporal.address": temporal_server.address, "run_dir": str(run_dir),
                  **overrides}
     return load_config(None, **overrides)
-
-
-@contextlib.asynccontextmanager
-async def running_fleet(config: RunConfig, engine, roles=("control", "env", "reward", "gen",
-                                                          "train")):
-    """Every fleet role as in-process workers on the test server (the gen role reuses the
-    session engine)."""
-    client = await connect(config.temporal)
-    workers = []
-    for role in roles:
-        workers += await build_workers(config, client, role, engine=engine)
-    async with contextlib.AsyncExitStack() as stack:
-        for worker in workers:
-            await stack.enter_async_context(worker)
-        yield client

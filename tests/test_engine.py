@@ -10,7 +10,6 @@ from transformers import AutoModelForCausalLM
 
 from rollart.envs.frozenlake import ACTIONS
 
-pytestmark = pytest.mark.asyncio(loop_scope="session")
 PROMPT = "P F F F | F H F H | F F F H | H F F G"
 
 
@@ -24,6 +23,7 @@ def hf_logprob(model, ids: list[int], token: int, allowed: list[int] | None = No
     return torch.log_softmax(logits, -1)[token].item()
 
 
+@pytest.mark.asyncio(loop_scope="session")
 async def test_constrained_sampling_reports_the_sampling_distribution(engine, model_path):
     allowed = engine.single_token_ids(ACTIONS)
     ids = engine.encode(PROMPT)
@@ -39,6 +39,7 @@ async def test_constrained_sampling_reports_the_sampling_distribution(engine, mo
         assert logprob == pytest.approx(hf_logprob(model, ids, token, allowed), abs=1e-4)
 
 
+@pytest.mark.asyncio(loop_scope="session")
 async def test_weight_update_takes_effect_in_place(engine, model_path, tmp_path):
     """Regression: vLLM's CPU build repacks linear weights, so a plain in-place reload left the
     engine sampling from stale weights."""

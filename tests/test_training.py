@@ -8,12 +8,13 @@ import subprocess
 
 import envs_for_tests  # noqa: F401  (registers the test environments)
 import pytest
-from conftest import make_config, running_fleet
+from conftest import make_config
 from temporalio.client import WorkflowFailureError
 
 from rollart.contracts import TrainingStatus
 from rollart.store import TrajectoryStore
 from rollart.workers.devserver import temporal_binary
+from rollart.workers.fleet import in_process_fleet
 from rollart.workflows.training import TrainingInput, TrainingWorkflow
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -26,7 +27,7 @@ async def test_short_run_trains_and_accounts_for_every_trajectory(temporal_serve
         "algorithm.group_size": 4, "algorithm.batch_size": 12, "algorithm.iterations": 3,
         "algorithm.minibatches": 1,
     })
-    async with running_fleet(config, engine) as client:
+    async with in_process_fleet(config, engine) as client:
         status = await client.execute_workflow(
             TrainingWorkflow.run, TrainingInput(config=config), id="e2e-train",
             task_queue=config.temporal.control_queue, result_type=TrainingStatus,
@@ -58,7 +59,7 @@ async def test_short_run_trains_and_accounts_for_every_trajectory(temporal_serve
 async def test_unknown_env_fails_the_run_up_front(temporal_server, engine, tmp_path):
     config = make_config(temporal_server, tmp_path).model_copy(deep=True)
     config.env.name = "nosuchenv"  # skips the CLI's check: the workflow itself must refuse
-    async with running_fleet(config, engine, roles=("control", "env")) as client:
+    async with in_process_fleet(config, engine, roles=("control", "env")) as client:
         with pytest.raises(WorkflowFailureError) as failed:
             await client.execute_workflow(
                 TrainingWorkflow.run, TrainingInput(config=config), id="bad-env",
@@ -73,13 +74,13 @@ async def test_temporal_cli_starts_a_run(temporal_server, engine, tmp_path):
         "algorithm.minibatches": 1,
     })
     payload = TrainingInput(config=config).model_dump_json()
-    async with running_fleet(config, engine) as client:
+    async with in_process_fleet(config, engine) as client:
         started = await asyncio.to_thread(subprocess.run, [
             temporal_binary(), "workflow", "start", "--address", temporal_server.address,
             "--type", "TrainingWorkflow", "--task-queue", config.temporal.control_queue,
             "--workflow-id", "cli-started", "--input", payload,
         ], capture_output=True, text=True, timeout=60)
         assert started.returncode == 0, started.stderr
-        status = await client.get_workflow_handle("cli-started").result(
-            result_type=TrainingStatus)
+        handle = client.get_workflow_handle("cli-started", result_type=TrainingStatus)
+        status = await handle.result()
     assert status.done and status.version == 1 and status.ledger.trained == 4

@@ -4,6 +4,7 @@ heavy object of its role (env instances, a vLLM engine, the trainer)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import socket
@@ -35,6 +36,25 @@ async def run_worker(config: RunConfig, role: WorkerRole, pool: str = "cpu",
             if ready is not None:
                 ready.set()
             await asyncio.Event().wait()
+    finally:
+        for close in closers:
+            close()
+
+
+@contextlib.asynccontextmanager
+async def in_process_fleet(config: RunConfig, engine=None,
+                           roles: tuple[WorkerRole, ...] = ("control", "env", "reward", "gen",
+                                                            "train")):
+    """Every role's workers inside this process and event loop (tests and benchmarks), the gen
+    role reusing `engine` when one is given; yields the client."""
+    client = await connect(config.temporal)
+    closers: list = []
+    workers = []
+    try:
+        for role in roles:
+            workers += await build_workers(config, client, role, closers=closers, engine=engine)
+        async with _all(workers):
+            yield client
     finally:
         for close in closers:
             close()
