@@ -57,7 +57,7 @@ class AlgorithmConfig(StrictModel):
     batch_size: int = Field(
         64, le=1024, description="Trajectories per train step; a multiple of group_size."
     )
-    iterations: int = Field(40, ge=1)
+    iterations: int = Field(30, ge=1)
     learning_rate: float = Field(1e-3, gt=0)
     clip_eps: float = Field(0.2, gt=0)
     minibatches: int = Field(2, ge=1)

@@ -6,6 +6,7 @@ per-turn text deltas; the token ids themselves live in the trajectory store.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Literal
 
 from pydantic import BaseModel, Field
@@ -140,6 +141,7 @@ class UpdateWeightsResult(BaseModel):
 
 class IterationMetrics(BaseModel):
     iteration: int
+    ended_at: datetime
     version: int
     reward_mean: float
     success_rate: float

@@ -137,7 +137,7 @@ class TrainingWorkflow:
         rollout_s = (rolled_out - started).total_seconds()
         tokens = sum(r.generated_tokens for r in results)
         return IterationMetrics(
-            iteration=self.state.iteration, version=self.state.version,
+            iteration=self.state.iteration, ended_at=updated, version=self.state.version,
             reward_mean=_mean([r.reward for r in completed]),
             success_rate=_mean([float(r.success) for r in completed]),
             trajectories=len(results), generated_tokens=tokens,

@@ -1,0 +1,76 @@
+"""The embedded default, measured: a real `rollart train` run against the random-walk baseline.
+
+Runs `rollart train` exactly as the README's command does (separate worker processes, dev server
+on SQLite), then reads its metrics. Success is the share of the 64 sampled (temperature 1) training
+episodes per iteration that reach the goal on the standard 4x4 map.
+
+Run: .venv/bin/python benchmarks/demo_frozenlake.py [extra rollart train args]
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+from rollart.envs import make_env
+from rollart.envs.frozenlake import ACTIONS
+from rollart.workers.progress import read_metrics
+
+HERE = Path(__file__).parent
+TARGET = 0.8
+
+
+def random_walk_success(episodes: int = 100_000, max_turns: int = 10) -> float:
+    rng, wins = random.Random(0), 0
+    for episode in range(episodes):
+        env = make_env("frozenlake")
+        env.reset(seed=episode)
+        for _ in range(max_turns):
+            result = env.step(rng.choice(ACTIONS))
+            if result.terminated:
+                wins += result.reward > 0
+                break
+    return wins / episodes
+
+
+def main() -> None:
+    run_dir = Path(tempfile.mkdtemp(prefix="rollart-demo-")) / "run"
+    launched = datetime.now(UTC)
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-m", "rollart.workers.cli", "train", "--run-dir",
+                    str(run_dir), *sys.argv[1:]], check=True)
+    total_min = (time.perf_counter() - started) / 60
+    metrics = read_metrics(run_dir)
+    reached = next((m for m in metrics if m.success_rate >= TARGET), None)
+    result = {
+        "random_walk_success": random_walk_success(),
+        "success_initial": metrics[0].success_rate,
+        "success_final": metrics[-1].success_rate,
+        "success_best": max(m.success_rate for m in metrics),
+        "target": TARGET,
+        "iterations_to_target": reached.iteration if reached else None,
+        "minutes_to_target": ((reached.ended_at - launched).total_seconds() / 60
+                              if reached else None),
+        "minutes_total": total_min,
+        "iterations": len(metrics),
+        "evaluation": "share of the iteration's 64 sampled (T=1) training episodes that reach "
+                      "the goal, standard 4x4 map, not slippery, <= 10 turns",
+        "curve": [{"iteration": m.iteration, "success": m.success_rate,
+                   "minutes": (m.ended_at - launched).total_seconds() / 60} for m in metrics],
+    }
+    out = HERE / "results" / "demo_frozenlake.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    if (run_dir / "curve.png").exists():
+        (HERE / "results" / "demo_frozenlake.png").write_bytes((run_dir / "curve.png").read_bytes())
+    print(json.dumps({k: v for k, v in result.items() if k != "curve"}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
