@@ -10,7 +10,6 @@ Run: .venv/bin/python benchmarks/demo_frozenlake.py [extra rollart train args]
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 import tempfile
@@ -18,25 +17,11 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from rollart.envs import make_env
-from rollart.envs.frozenlake import ACTIONS
+from rollart.envs.frozenlake import random_walk_success
 from rollart.workers.progress import read_metrics
 
 HERE = Path(__file__).parent
 TARGET = 0.8
-
-
-def random_walk_success(episodes: int = 100_000, max_turns: int = 10) -> float:
-    rng, wins = random.Random(0), 0
-    for episode in range(episodes):
-        env = make_env("frozenlake")
-        env.reset(seed=episode)
-        for _ in range(max_turns):
-            result = env.step(rng.choice(ACTIONS))
-            if result.terminated:
-                wins += result.reward > 0
-                break
-    return wins / episodes
 
 
 def main() -> None:
@@ -49,7 +34,7 @@ def main() -> None:
     metrics = read_metrics(run_dir)
     reached = next((m for m in metrics if m.success_rate >= TARGET), None)
     result = {
-        "random_walk_success": random_walk_success(),
+        "random_walk_success": random_walk_success(100_000),
         "success_initial": metrics[0].success_rate,
         "success_final": metrics[-1].success_rate,
         "success_best": max(m.success_rate for m in metrics),

@@ -25,7 +25,7 @@ from rich.table import Table
 
 from rollart.config import load_config
 from rollart.contracts import TrainingStatus, TrajectoryResult, TrajectorySpec
-from rollart.envs import StepResult, make_env, register_env
+from rollart.envs import make_env
 from rollart.policy.engine import PolicyEngine
 from rollart.policy.model import resolve_model_path
 from rollart.queues import pool_queue, replica_queue
@@ -42,19 +42,6 @@ TRAIN_ITERATIONS = 3
 console = Console()
 
 
-@register_env("bench_corridor")
-class Corridor:
-    """Never ends on its own, so every trajectory runs exactly max_turns turns."""
-
-    action_vocabulary = ["Left", "Right"]
-
-    def reset(self, seed: int):
-        return "F P F", {}
-
-    def step(self, action: str) -> StepResult:
-        return StepResult("F P F", 0.0, False)
-
-
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -63,7 +50,7 @@ def free_port() -> int:
 
 def spec(config, tid: str, turns: int) -> TrajectorySpec:
     return TrajectorySpec(
-        trajectory_id=tid, group_id=tid, seed=0, env_name="bench_corridor", max_turns=turns,
+        trajectory_id=tid, group_id=tid, seed=0, env_name="corridor", max_turns=turns,
         env_queue=pool_queue("env", "cpu"), gen_queue=replica_queue("gen", "cpu", 0),
         reward_queue=pool_queue("reward", "cpu"), store_dir=str(config.store_dir),
         sampling=config.sampling,
@@ -73,7 +60,7 @@ def spec(config, tid: str, turns: int) -> TrajectorySpec:
 async def direct_trajectory(engine: PolicyEngine, store: TrajectoryStore, tid: str,
                             turns: int) -> None:
     """The baseline: the same per-turn work as the workflow's activities, in a plain loop."""
-    env = make_env("bench_corridor")
+    env = make_env("corridor")
     observation, _ = env.reset(0)
     allowed = engine.single_token_ids(env.action_vocabulary)
     for turn in range(turns):

@@ -6,20 +6,6 @@ import itertools
 
 from rollart.envs import FrozenLakeEnv, StepResult, register_env
 
-
-@register_env("corridor")
-class Corridor:
-    """Never ends on its own: a trajectory lasts exactly max_turns turns."""
-
-    action_vocabulary = ["Left", "Right"]
-
-    def reset(self, seed: int):
-        return "F F F", {}
-
-    def step(self, action: str) -> StepResult:
-        return StepResult("F P F", 0.0, False)
-
-
 _instances = itertools.count()
 
 

@@ -1,7 +1,12 @@
 import random
 
 from rollart.envs import make_env
-from rollart.envs.frozenlake import ACTIONS, INVALID_MESSAGE, parse_action, random_map
+from rollart.envs.frozenlake import (
+    INVALID_MESSAGE,
+    parse_action,
+    random_map,
+    random_walk_success,
+)
 
 
 def test_shortest_path_reaches_the_goal():
@@ -41,19 +46,6 @@ def test_random_maps_are_solvable_and_seeded():
         grid = random_map(4, random.Random(seed))
         assert grid == random_map(4, random.Random(seed))
         assert grid[0][0] == "S" and grid[-1][-1] == "G"
-
-
-def random_walk_success(episodes: int, max_turns: int = 10, seed: int = 0) -> float:
-    rng, wins = random.Random(seed), 0
-    for episode in range(episodes):
-        env = make_env("frozenlake")
-        env.reset(seed=episode)
-        for _ in range(max_turns):
-            result = env.step(rng.choice(ACTIONS))
-            if result.terminated:
-                wins += result.reward > 0
-                break
-    return wins / episodes
 
 
 def test_random_policy_baseline_is_low():

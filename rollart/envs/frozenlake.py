@@ -55,6 +55,21 @@ def _reachable(grid: list[str]) -> bool:
     return False
 
 
+def random_walk_success(episodes: int, max_turns: int = 10, seed: int = 0) -> float:
+    """The baseline a learned policy is compared with: uniform random actions on the default
+    map."""
+    rng, wins = random.Random(seed), 0
+    for episode in range(episodes):
+        env = FrozenLakeEnv()
+        env.reset(seed=episode)
+        for _ in range(max_turns):
+            result = env.step(rng.choice(ACTIONS))
+            if result.terminated:
+                wins += result.reward > 0
+                break
+    return wins / episodes
+
+
 @register_env("frozenlake")
 class FrozenLakeEnv:
     action_vocabulary = ACTIONS
