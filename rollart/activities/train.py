@@ -16,6 +16,7 @@ from rollart.store import TrajectoryStore
 class TrainActivities:
     def __init__(self, trainer: Trainer) -> None:
         self.trainer = trainer
+        self.run_id: str | None = None
         self.done: dict[int, TrainResult] = {}
 
     @activity.defn(name="train.step")
@@ -30,9 +31,13 @@ class TrainActivities:
         self.done = {request.iteration: result}
         return result
 
-    @activity.defn(name="train.publish")
-    def publish(self, version: int) -> UpdateWeightsRequest:
-        """Publish the trainer's current weights as `version`, so a run starts with the engines
-        holding exactly the trainer's weights."""
-        self.trainer.version = version
-        return UpdateWeightsRequest(version=version, weights_path=str(self.trainer.publish()))
+    @activity.defn(name="train.begin_run")
+    def begin_run(self, run_id: str) -> UpdateWeightsRequest:
+        """A new run starts from the configured model (not from what an earlier run left in this
+        trainer) and publishes it as version 0, so the engines start from the trainer's
+        weights. Retried within the same run, it changes nothing."""
+        if run_id != self.run_id:
+            self.trainer.reset()
+            self.run_id, self.done = run_id, {}
+        return UpdateWeightsRequest(version=self.trainer.version,
+                                    weights_path=str(self.trainer.publish()))

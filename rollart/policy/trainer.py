@@ -52,20 +52,25 @@ def layout(records: list[TurnRecord], advantage: float) -> Sequence:
 class Trainer:
     def __init__(self, model_path: str, weights_dir: str | Path, learning_rate: float,
                  seed: int = 0, threads: int | None = None) -> None:
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
         if threads:
             torch.set_num_threads(threads)
-        torch.manual_seed(seed)
-        self.rng = random.Random(seed)
-        self.model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        self.model_path, self.learning_rate, self.seed = model_path, learning_rate, seed
+        self.weights_dir = Path(weights_dir)
+        self.reset()
+
+    def reset(self) -> None:
+        """Back to the configured model with a fresh optimizer, as a new run expects."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        torch.manual_seed(self.seed)
+        self.rng = random.Random(self.seed)
+        self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         self.model.train()
-        self.tokenizer = AutoTokenizer.from_pretrained(model_path)
+        self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id or 0
         self.vocab_size = self.model.config.vocab_size
-        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=learning_rate,
+        self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.learning_rate,
                                            weight_decay=0.0)
-        self.weights_dir = Path(weights_dir)
         self.version = 0
 
     def train_step(self, store: TrajectoryStore, samples: list[TrainSample],

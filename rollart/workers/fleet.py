@@ -125,7 +125,7 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
                           seed=config.model.seed, threads=config.trainer.threads)
         train = TrainActivities(trainer)
         return [Worker(client, task_queue=pool_queue("train", pool),
-                       activities=[train.step, train.publish],
+                       activities=[train.step, train.begin_run],
                        activity_executor=ThreadPoolExecutor(max_workers=1),
                        max_concurrent_activities=1)]
     raise ValueError(f"--role: unknown role {role!r}")

@@ -85,7 +85,7 @@ class TrainingWorkflow:
                 retry_policy=RetryPolicy(maximum_attempts=3),
             )
             initial = await workflow.execute_activity(
-                "train.publish", self.state.version, result_type=UpdateWeightsRequest,
+                "train.begin_run", workflow.info().workflow_id, result_type=UpdateWeightsRequest,
                 task_queue=pool_queue("train", cfg.trainer.pool),
                 start_to_close_timeout=UPDATE_TIMEOUT, retry_policy=RETRY,
             )
