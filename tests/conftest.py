@@ -22,7 +22,9 @@ def free_port() -> int:
 @pytest.fixture(scope="session")
 def temporal_server(tmp_path_factory) -> DevServer:
     db = tmp_path_factory.mktemp("temporal") / "temporal.db"
-    with DevServer(db, port=free_port(), ui_port=None) as server:
+    # Suggest continue-as-new early so every multi-iteration run in the tests exercises it.
+    with DevServer(db, port=free_port(), ui_port=None,
+                   dynamic_config={"limit.historyCount.suggestContinueAsNew": 60}) as server:
         yield server
 
 

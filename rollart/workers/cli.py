@@ -84,10 +84,11 @@ async def _start_workflow(config: RunConfig, workflow_id: str):
     from rollart.workflows.training import TrainingInput
 
     client = await connect(config.temporal)
-    return await client.start_workflow(
+    handle = await client.start_workflow(
         "TrainingWorkflow", TrainingInput(config=config), id=workflow_id,
         task_queue=config.temporal.control_queue, result_type=TrainingStatus,
     )
+    return client, handle
 
 
 def cmd_train(args: argparse.Namespace) -> int:
@@ -109,8 +110,8 @@ def cmd_train(args: argparse.Namespace) -> int:
             console.print(f"Temporal dev server on {config.temporal.address}, Web UI on "
                           f"http://127.0.0.1:{config.temporal.ui_port}; workers: "
                           f"{', '.join(stack.processes)} (logs in {stack.logs})")
-            handle = await _start_workflow(config, workflow_id)
-            return await follow(handle, run_dir, check=stack.check_alive)
+            client, handle = await _start_workflow(config, workflow_id)
+            return await follow(client, handle, run_dir, check=stack.check_alive)
 
     status = asyncio.run(main())
     metrics = read_metrics(run_dir)
@@ -173,7 +174,7 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     async def main():
         workflow_id = args.workflow_id or WORKFLOW_ID_PREFIX + time.strftime("%Y%m%d-%H%M%S")
-        handle = await _start_workflow(config, workflow_id)
+        _, handle = await _start_workflow(config, workflow_id)
         print(f"started {handle.id}")
         if args.wait:
             print((await handle.result()).model_dump_json(indent=2))

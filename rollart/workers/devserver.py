@@ -3,6 +3,7 @@ directory, listening on 127.0.0.1 only."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import socket
 import subprocess
@@ -27,9 +28,11 @@ def port_open(host: str, port: int) -> bool:
 
 class DevServer:
     def __init__(self, db_file: Path, port: int = 7233, ui_port: int | None = 8233,
-                 log_file: Path | None = None) -> None:
+                 log_file: Path | None = None, dynamic_config: dict[str, object] | None = None,
+                 ) -> None:
         self.db_file, self.port, self.ui_port = Path(db_file), port, ui_port
         self.log_file = log_file
+        self.dynamic_config = dynamic_config or {}
         self.process: subprocess.Popen | None = None
 
     @property
@@ -41,6 +44,8 @@ class DevServer:
                "--port", str(self.port), "--db-filename", str(self.db_file),
                "--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal",
                "--log-level", "error"]
+        for key, value in self.dynamic_config.items():
+            cmd += ["--dynamic-config-value", f"{key}={json.dumps(value)}"]
         if self.ui_port is None:
             cmd.append("--headless")
         else:

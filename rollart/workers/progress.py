@@ -10,7 +10,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
-from temporalio.client import WorkflowHandle
+from temporalio.client import Client, WorkflowHandle
 
 from rollart.contracts import IterationMetrics, TrainingStatus
 
@@ -34,9 +34,11 @@ def _table(status: TrainingStatus, elapsed_s: float) -> Table:
     return table
 
 
-async def follow(handle: WorkflowHandle, run_dir: Path, poll_s: float = 1.0,
+async def follow(client: Client, handle: WorkflowHandle, run_dir: Path, poll_s: float = 1.0,
                  check: Callable[[], None] = lambda: None) -> TrainingStatus:
-    """Show progress until the workflow ends; append each iteration to metrics.jsonl."""
+    """Show progress until the workflow ends; append each iteration to metrics.jsonl. Queries go
+    to the latest run, so progress continues across continue-as-new."""
+    latest = client.get_workflow_handle(handle.id)
     metrics_file = run_dir / "metrics.jsonl"
     written = 0
     loop = asyncio.get_running_loop()
@@ -47,7 +49,7 @@ async def follow(handle: WorkflowHandle, run_dir: Path, poll_s: float = 1.0,
         while not result_task.done():
             check()
             try:
-                status = await handle.query("status", result_type=TrainingStatus)
+                status = await latest.query("status", result_type=TrainingStatus)
             except Exception:  # the workflow may not have run its first task yet
                 status = None
             if status is not None:
