@@ -70,7 +70,7 @@ async def direct_trajectory(engine: PolicyEngine, store: TrajectoryStore, tid: s
                                        allowed_token_ids=allowed)
         store.write_turn(tid, TurnRecord(turn=turn, observation_ids=observation_ids,
                                          sampled_ids=sample.token_ids, logprobs=sample.logprobs,
-                                         version=sample.version, allowed_ids=allowed))
+                                         versions=sample.versions, allowed_ids=allowed))
         observation = env.step(engine.decode(sample.token_ids)).observation
 
 

@@ -65,6 +65,29 @@ class AlgorithmConfig(StrictModel):
     stop_at_success: float | None = Field(
         None, ge=0, le=1, description="End early once a batch's success rate reaches this."
     )
+    mode: Literal["sync", "one_off", "async"] = Field(
+        "async", description="sync: alpha 0, whole batches; one_off: alpha 1, whole batches "
+        "started while the previous one trains; async: groups started continuously, alpha below."
+    )
+    staleness: int = Field(1, ge=0, description="alpha for mode=async.")
+    redundancy: int = Field(
+        0, ge=0, description="Extra siblings per group; the first group_size to finish form it."
+    )
+    tis_cap: float | None = Field(
+        2.0, gt=0, description="Truncated importance sampling: cap on pi_old / pi_behaviour."
+    )
+    sequence_mask_threshold: float | None = Field(
+        None, gt=0, description="Drop a sequence whose mean |log(pi_old / pi_behaviour)| exceeds "
+        "this (sequence-level mask); None keeps all."
+    )
+
+    @property
+    def alpha(self) -> int:
+        return {"sync": 0, "one_off": 1}.get(self.mode, self.staleness)
+
+    @property
+    def groups_per_batch(self) -> int:
+        return self.batch_size // self.group_size
 
     @model_validator(mode="after")
     def _check_groups(self) -> AlgorithmConfig:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, Field
 
 from rollart.config import AlgorithmConfig, SamplingConfig
 
-TrajectoryStatus = Literal["completed", "failed"]
+TrajectoryStatus = Literal["completed", "failed", "cancelled"]
 
 
 class TrajectorySpec(BaseModel):
@@ -28,6 +28,7 @@ class TrajectorySpec(BaseModel):
     reward_queue: str
     store_dir: str
     sampling: SamplingConfig
+    start_version: int = Field(0, description="Rollout policy version when this one started.")
 
 
 class EnvResetRequest(BaseModel):
@@ -71,7 +72,8 @@ class GenerateResult(BaseModel):
     new_tokens: int
     cached_tokens: int
     finish_reason: str
-    version: int
+    version: int = Field(description="Version that sampled the turn's last token.")
+    mixed_versions: bool = False
 
 
 class RewardRequest(BaseModel):
@@ -96,8 +98,9 @@ class TrajectoryResult(BaseModel):
     success: bool = False
     turns: int = 0
     generated_tokens: int = 0
-    start_version: int = -1
+    start_version: int = 0
     end_version: int = -1
+    mixed_versions: bool = Field(False, description="Its tokens come from several versions.")
     error: str | None = None
 
 
@@ -126,6 +129,12 @@ class TrainResult(BaseModel):
     logprob_mismatch: float = Field(
         description="Mean |trainer - engine| logprob on sampled tokens before the step's update."
     )
+    ratio_mean: float = Field(0.0, description="Mean pi_old / pi_behaviour over sampled tokens.")
+    ratio_max: float = 0.0
+    kl_estimate: float = Field(0.0, description="k3 estimate of KL(behaviour || old).")
+    masked_sequences: int = 0
+    stale_token_share: float = Field(0.0, description="Tokens sampled by an older version.")
+    mixed_version_sequences: int = 0
     seconds: float
 
 
@@ -153,6 +162,15 @@ class IterationMetrics(BaseModel):
     step_s: float
     tokens_per_s: float
     loss: float
+    trainer_idle_s: float = Field(0.0, description="Trainer waiting for a complete batch.")
+    lag_histogram: dict[int, int] = Field(default_factory=dict)
+    lag_mean: float = 0.0
+    lag_max: int = 0
+    stale_token_share: float = 0.0
+    mixed_version_trajectories: int = 0
+    ratio_mean: float = 0.0
+    ratio_max: float = 0.0
+    kl_estimate: float = 0.0
 
 
 class Ledger(BaseModel):
@@ -165,7 +183,24 @@ class Ledger(BaseModel):
 
     @property
     def in_flight(self) -> int:
+        """Started and not settled yet: running, or finished and waiting for its group."""
         return self.started - self.trained - self.failed - self.evicted
+
+
+class RolloutShape(BaseModel):
+    """Running means of what kept and cancelled redundant siblings looked like."""
+
+    count: int = 0
+    turns: float = 0.0
+    tokens: float = 0.0
+    reward: float = 0.0
+
+    def add(self, result: TrajectoryResult) -> None:
+        self.count += 1
+        for field, value in (("turns", result.turns), ("tokens", result.generated_tokens),
+                             ("reward", result.reward)):
+            mean = getattr(self, field)
+            setattr(self, field, mean + (value - mean) / self.count)
 
 
 class TrainingStatus(BaseModel):
@@ -176,3 +211,8 @@ class TrainingStatus(BaseModel):
     ledger: Ledger
     history: list[IterationMetrics]
     failures: list[str] = Field(default_factory=list)
+    mode: str = "sync"
+    alpha: int = 0
+    late_results: int = 0
+    redundant_kept: RolloutShape = Field(default_factory=RolloutShape)
+    redundant_cancelled: RolloutShape = Field(default_factory=RolloutShape)

@@ -20,7 +20,7 @@ class TurnRecord(BaseModel):
     observation_ids: list[int] = Field(description="Context the env added before this turn.")
     sampled_ids: list[int]
     logprobs: list[float] = Field(description="Behaviour logprob of each sampled id.")
-    version: int = Field(description="Policy version that sampled this turn's tokens.")
+    versions: list[int] = Field(description="Policy version that sampled each sampled id.")
     allowed_ids: list[int] | None = Field(None, description="Sampling mask, when constrained.")
 
 

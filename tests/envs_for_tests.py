@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import time
 
 from rollart.envs import FrozenLakeEnv, StepResult, register_env
 
@@ -27,3 +28,21 @@ class ExplodingFrozenLake(FrozenLakeEnv):
 class BrokenReset(FrozenLakeEnv):
     def reset(self, seed: int):
         raise ConnectionError("cannot start the sandbox")
+
+
+@register_env("slow")
+class SlowStep(FrozenLakeEnv):
+    """Each step takes `delay_s`; remembers which episodes were closed."""
+
+    closed: list[str] = []
+
+    def __init__(self, delay_s: float = 3.0, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.delay_s = delay_s
+
+    def step(self, action: str) -> StepResult:
+        time.sleep(self.delay_s)
+        return super().step(action)
+
+    def close(self) -> None:
+        SlowStep.closed.append(str(id(self)))

@@ -47,7 +47,7 @@ async def test_llama_with_untied_head_samples_trains_and_reloads(model_path, tmp
                                            allowed_token_ids=allowed)
             store.write_turn(tid, TurnRecord(turn=0, observation_ids=obs,
                                              sampled_ids=sample.token_ids,
-                                             logprobs=sample.logprobs, version=0,
+                                             logprobs=sample.logprobs, versions=[0],
                                              allowed_ids=allowed))
             samples.append(TrainSample(trajectory_id=tid, group_id="g", reward=float(member % 2)))
 

@@ -3,7 +3,13 @@ import math
 import pytest
 import torch
 
-from rollart.policy.grpo import Scored, clipped_policy_loss, group_advantages, token_logprobs
+from rollart.policy.grpo import (
+    Scored,
+    clipped_policy_loss,
+    group_advantages,
+    off_policy_correction,
+    token_logprobs,
+)
 
 
 def test_advantages_are_normalized_within_each_group():
@@ -59,4 +65,28 @@ def test_minus_infinity_outside_the_mask_stays_finite():
     stats = clipped_policy_loss(logprobs, behaviour, torch.tensor([[1.0]]), mask, 0.2)
     stats.loss.backward()
     assert torch.isfinite(stats.loss) and torch.isfinite(logprobs.grad).all()
-    assert stats.mismatch == pytest.approx(0.0)
+    correction = off_policy_correction(logprobs.detach(), behaviour, mask, 2.0, None)
+    assert correction.mismatch == pytest.approx(0.0) and correction.ratio_max == 1.0
+
+
+def test_truncated_importance_weights_and_sequence_mask():
+    old = torch.tensor([[0.0, -1.0], [-0.1, -0.1]])
+    behaviour = torch.tensor([[-2.0, -1.0], [-0.1, -0.1]])  # token 0 ratio e^2 = 7.39
+    mask = torch.ones(2, 2, dtype=torch.bool)
+    correction = off_policy_correction(old, behaviour, mask, cap=2.0, sequence_threshold=None)
+    assert correction.weights[0, 0] == 2.0 and correction.weights[0, 1] == 1.0
+    assert correction.ratio_max == pytest.approx(math.exp(2), rel=1e-5)
+    assert correction.ratio_mean == pytest.approx((math.exp(2) + 3) / 4, rel=1e-5)
+    assert correction.kl_estimate == pytest.approx((math.exp(2) - 1 - 2) / 4, rel=1e-5)
+    masked = off_policy_correction(old, behaviour, mask, cap=2.0, sequence_threshold=0.5)
+    assert masked.masked_sequences == 1
+    assert masked.weights[0].sum() == 0 and masked.weights[1].sum() == 2.0
+
+
+def test_correction_weights_scale_the_gradient():
+    logprobs = torch.zeros(1, 2, requires_grad=True)
+    mask = torch.ones(1, 2, dtype=torch.bool)
+    weights = torch.tensor([[2.0, 0.0]])
+    clipped_policy_loss(logprobs, torch.zeros(1, 2), torch.tensor([[1.0]]), mask, 0.2,
+                        weights=weights).loss.backward()
+    assert logprobs.grad[0, 0] == pytest.approx(-1.0) and logprobs.grad[0, 1] == 0

@@ -7,9 +7,9 @@ from rollart.store import TurnRecord
 
 def test_layout_trains_only_sampled_tokens_in_engine_order():
     records = [
-        TurnRecord(turn=0, observation_ids=[7, 8], sampled_ids=[3], logprobs=[-0.5], version=2),
+        TurnRecord(turn=0, observation_ids=[7, 8], sampled_ids=[3], logprobs=[-0.5], versions=[2]),
         TurnRecord(turn=1, observation_ids=[9], sampled_ids=[4, 5], logprobs=[-0.1, -0.2],
-                   version=3),
+                   versions=[3, 3]),
     ]
     seq = layout(records, advantage=1.5)
     assert seq.token_ids == [7, 8, 3, 9, 4, 5]

@@ -20,13 +20,14 @@ from rollart.workflows.training import TrainingInput, TrainingWorkflow
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
-async def test_short_run_trains_and_accounts_for_every_trajectory(temporal_server, engine,
+async def test_async_run_trains_and_accounts_for_every_trajectory(temporal_server, engine,
                                                                   tmp_path):
     config = make_config(temporal_server, tmp_path, **{
         "env.name": "exploding", "env.kwargs": {"every": 5},
         "algorithm.group_size": 4, "algorithm.batch_size": 12, "algorithm.iterations": 3,
-        "algorithm.minibatches": 1,
+        "algorithm.minibatches": 1, "algorithm.redundancy": 1,
     })
+    assert config.algorithm.mode == "async" and config.algorithm.alpha == 1
     async with in_process_fleet(config, engine) as client:
         status = await client.execute_workflow(
             TrainingWorkflow.run, TrainingInput(config=config), id="e2e-train",
@@ -40,22 +41,41 @@ async def test_short_run_trains_and_accounts_for_every_trajectory(temporal_serve
     ledger = status.ledger
     assert len(runs) > 1  # the server suggested continue-as-new; state carried over
     assert status.done and status.iteration == 3
-    assert ledger.started == 36
     assert ledger.in_flight == 0
     assert ledger.started == ledger.trained + ledger.failed + ledger.evicted
-    assert ledger.failed > 0 and ledger.trained > 0
-    assert ledger.failed == len(failed_children)
+    assert ledger.trained == status.redundant_kept.count
+    assert ledger.failed > 0 and ledger.trained > 0 and ledger.evicted > 0
+    # a child that failed after it was evicted (stale, redundant, run over) counts as evicted
+    assert ledger.failed <= len(failed_children) <= ledger.failed + ledger.evicted
     assert any("boom: the simulator crashed" in f for f in status.failures)
     assert [m.version for m in status.history] == [1, 2, 3]
-    assert all(math.isfinite(m.loss) for m in status.history)
+    for metrics in status.history:
+        assert math.isfinite(metrics.loss)
+        assert metrics.lag_max <= 1 and sum(metrics.lag_histogram.values()) == metrics.trajectories
+        assert 0.0 <= metrics.stale_token_share <= 1.0
+        assert metrics.ratio_max > 0
 
-    # sync mode: every token of iteration i was sampled by version i, as the store records
+
+async def test_sync_never_trains_on_an_older_version(temporal_server, engine, tmp_path):
+    config = make_config(temporal_server, tmp_path, **{
+        "algorithm.mode": "sync", "algorithm.group_size": 4, "algorithm.batch_size": 8,
+        "algorithm.iterations": 2, "algorithm.minibatches": 1,
+    })
+    async with in_process_fleet(config, engine) as client:
+        status = await client.execute_workflow(
+            TrainingWorkflow.run, TrainingInput(config=config), id="sync-train",
+            task_queue=config.temporal.control_queue, result_type=TrainingStatus,
+        )
+    assert status.alpha == 0
+    assert status.ledger.trained == 16 and status.ledger.evicted == 0
+    for metrics in status.history:
+        assert metrics.lag_histogram == {0: 8} and metrics.stale_token_share == 0.0
+        # with no update in between, the trainer's old policy is the sampling policy
+        assert metrics.ratio_max == pytest.approx(1.0, abs=1e-3)
     store = TrajectoryStore(config.store_dir)
-    for iteration in range(3):
-        ids = [p.name for p in config.store_dir.glob(f"e2e-train.it{iteration:05d}.*")]
-        assert ids
-        versions = {r.version for tid in ids for r in store.read(tid)}
-        assert versions == {iteration}
+    versions = {tuple(sorted({v for r in store.read(p.name) for v in r.versions}))
+                for p in config.store_dir.iterdir()}
+    assert versions == {(0,), (1,)}
 
 
 async def test_unknown_env_fails_the_run_up_front(temporal_server, engine, tmp_path):

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import envs_for_tests  # noqa: F401  (registers the test environments)
 import pytest
 from conftest import make_config
 from temporalio.api.enums.v1 import WorkflowExecutionStatus
 from temporalio.client import WorkflowFailureError
+from temporalio.exceptions import is_cancelled_exception
+from temporalio.testing import ActivityEnvironment
 
-from rollart.contracts import TrajectoryResult, TrajectorySpec
+from rollart.activities.generate import GenerateActivities
+from rollart.config import SamplingConfig
+from rollart.contracts import GenerateRequest, TrajectoryResult, TrajectorySpec
 from rollart.queues import pool_queue, replica_queue
 from rollart.store import TrajectoryStore
 from rollart.workers.fleet import in_process_fleet
@@ -78,3 +84,47 @@ async def test_env_error_fails_only_its_trajectory(temporal_server, engine, tmp_
                 id="broken-1", task_queue=config.temporal.control_queue,
             )
         assert "cannot start the sandbox" in str(failed.value.cause)
+
+
+async def test_cancelled_trajectory_releases_its_environment(temporal_server, engine, tmp_path):
+    config = make_config(temporal_server, tmp_path)
+    closed_before = len(envs_for_tests.SlowStep.closed)
+    async with in_process_fleet(config, engine, ROLLOUT_ROLES) as client:
+        handle = await client.start_workflow(
+            TrajectoryWorkflow.run, spec_for(config, "slow-1", "slow", 5),
+            id="slow-1", task_queue=config.temporal.control_queue,
+        )
+        for _ in range(100):
+            if (await handle.query(TrajectoryWorkflow.progress))["phase"] == "step":
+                break
+            await asyncio.sleep(0.1)
+        await handle.cancel()
+        with pytest.raises(WorkflowFailureError) as ended:
+            await handle.result()
+        assert is_cancelled_exception(ended.value.cause)
+    assert len(envs_for_tests.SlowStep.closed) == closed_before + 1
+
+
+async def test_cancelled_generate_aborts_the_engine_request(engine, tmp_path):
+    """A generate activity cancelled mid-request (here: the engine is paused, so the request
+    cannot finish) aborts its vLLM request instead of leaving it to run."""
+    activities = GenerateActivities(engine)
+    request = GenerateRequest(trajectory_id="abort-1", turn=0, observation="P F F F",
+                              store_dir=str(tmp_path), sampling=SamplingConfig(),
+                              action_vocabulary=None)
+    env = ActivityEnvironment()
+    await engine.llm.pause_generation(mode="keep", clear_cache=False)
+    try:
+        task = asyncio.ensure_future(env.run(activities.generate, request))
+        for _ in range(50):
+            if engine.running_requests:
+                break
+            await asyncio.sleep(0.05)
+        assert engine.running_requests == 1
+        env.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+    finally:
+        await engine.llm.resume_generation()
+    assert engine.running_requests == 0
+    assert engine.llm.output_processor.get_num_unfinished_requests() == 0

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rollart.config import EngineConfig
 
@@ -21,7 +21,19 @@ class Sample:
     logprobs: list[float]
     finish_reason: str
     cached_tokens: int
-    version: int
+    versions: list[int]
+    """The policy version that sampled each token: a request in flight across a weight update
+    keeps its earlier tokens and continues under the new version."""
+
+    @property
+    def version(self) -> int:
+        return self.versions[-1] if self.versions else -1
+
+
+@dataclass
+class _InFlight:
+    produced: int = 0
+    switches: list[tuple[int, int]] = field(default_factory=list)  # (token index, new version)
 
 
 class PolicyEngine:
@@ -33,6 +45,7 @@ class PolicyEngine:
         self.llm = None
         self.tokenizer = None
         self._update_lock = asyncio.Lock()
+        self._in_flight: dict[str, _InFlight] = {}
 
     async def start(self) -> PolicyEngine:
         from transformers import AutoTokenizer
@@ -98,26 +111,39 @@ class PolicyEngine:
             max_tokens=max_tokens,
             logprobs=0,
             allowed_token_ids=allowed_token_ids,
-            output_kind=RequestOutputKind.FINAL_ONLY,
+            output_kind=RequestOutputKind.CUMULATIVE,
             detokenize=False,
         )
         request_id = request_id or uuid.uuid4().hex
+        start_version, progress = self.version, _InFlight()
+        self._in_flight[request_id] = progress
         final = None
-        async for output in self.llm.generate(
-            TokensPrompt(prompt_token_ids=prompt_ids), params, request_id
-        ):
-            final = output
+        try:
+            async for output in self.llm.generate(
+                TokensPrompt(prompt_token_ids=prompt_ids), params, request_id
+            ):
+                final = output
+                progress.produced = len(output.outputs[0].token_ids)
+        finally:
+            del self._in_flight[request_id]
         completion = final.outputs[0]
         token_ids = list(completion.token_ids)
         logprobs = [step[tok].logprob for step, tok in zip(completion.logprobs, token_ids,
                                                             strict=True)]
+        versions = [start_version] * len(token_ids)
+        for index, version in progress.switches:
+            versions[index:] = [version] * (len(token_ids) - index)
         return Sample(
             token_ids=token_ids,
             logprobs=logprobs,
             finish_reason=completion.finish_reason or "unknown",
             cached_tokens=final.num_cached_tokens or 0,
-            version=self.version,
+            versions=versions,
         )
+
+    @property
+    def running_requests(self) -> int:
+        return len(self._in_flight)
 
     async def abort(self, request_id: str) -> None:
         await self.llm.abort(request_id)
@@ -134,6 +160,8 @@ class PolicyEngine:
                 await self.llm.collective_rpc("retie_word_embeddings")
                 await self.llm.reset_prefix_cache(reset_running_requests=True)
                 self.version = version
+                for progress in self._in_flight.values():
+                    progress.switches.append((progress.produced, version))
             finally:
                 await self.llm.resume_generation()
             return time.perf_counter() - started

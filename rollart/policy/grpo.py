@@ -52,30 +52,75 @@ class LossStats:
     loss: torch.Tensor
     clip_fraction: float
     tokens: int
-    mismatch: float
-    """Mean |trainer logprob - behaviour logprob| over sampled tokens."""
 
 
 def clipped_policy_loss(
     logprobs: torch.Tensor,
-    behaviour_logprobs: torch.Tensor,
+    old_logprobs: torch.Tensor,
     advantages: torch.Tensor,
     loss_mask: torch.Tensor,
     clip_eps: float,
+    weights: torch.Tensor | None = None,
 ) -> LossStats:
-    """PPO's clipped surrogate over sampled tokens only (`loss_mask` zeroes observation and
-    padding tokens), averaged over the tokens of the batch."""
+    """PPO's clipped surrogate against the old (pre-step) policy over sampled tokens only
+    (`loss_mask` zeroes observation and padding tokens), each token scaled by its off-policy
+    correction weight, averaged over the tokens of the batch."""
     # Unsampled positions may hold -inf (tokens outside a constrained mask): zero them out.
     logprobs = logprobs.masked_fill(~loss_mask, 0.0)
-    behaviour_logprobs = behaviour_logprobs.masked_fill(~loss_mask, 0.0)
-    mask = loss_mask.float()
-    ratio = torch.exp(logprobs - behaviour_logprobs)
+    old_logprobs = old_logprobs.masked_fill(~loss_mask, 0.0)
+    mask = loss_mask.float() if weights is None else loss_mask.float() * weights
+    ratio = torch.exp(logprobs - old_logprobs)
     unclipped = ratio * advantages
     clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * advantages
     per_token = -torch.minimum(unclipped, clipped)
-    tokens = int(mask.sum().item())
+    tokens = int(loss_mask.sum().item())
     denominator = max(tokens, 1)
     loss = (per_token * mask).sum() / denominator
-    was_clipped = ((ratio - 1).abs() > clip_eps).float()
-    gap = ((logprobs - behaviour_logprobs).abs().detach() * mask).sum().item() / denominator
-    return LossStats(loss, float((was_clipped * mask).sum().item() / denominator), tokens, gap)
+    was_clipped = (((ratio - 1).abs() > clip_eps) & loss_mask).float()
+    return LossStats(loss, float(was_clipped.sum().item() / denominator), tokens)
+
+
+@dataclass
+class Correction:
+    """Truncated importance sampling from the behaviour policy (the engine that sampled) to the
+    old policy (the trainer's weights before this step)."""
+
+    weights: torch.Tensor
+    sequence_mask: torch.Tensor
+    ratio_mean: float
+    ratio_max: float
+    kl_estimate: float
+    mismatch: float
+    masked_sequences: int
+
+
+def off_policy_correction(
+    old_logprobs: torch.Tensor,
+    behaviour_logprobs: torch.Tensor,
+    loss_mask: torch.Tensor,
+    cap: float | None,
+    sequence_threshold: float | None,
+) -> Correction:
+    """Per-token weights min(pi_old / pi_behaviour, cap); sequences whose mean |log ratio|
+    exceeds `sequence_threshold` are masked whole. Also the train/inference mismatch figures:
+    ratio mean and max, and the k3 estimate of KL(behaviour || old)."""
+    log_ratio = (old_logprobs - behaviour_logprobs).masked_fill(~loss_mask, 0.0).detach()
+    ratio = torch.exp(log_ratio)
+    mask = loss_mask.float()
+    tokens = max(mask.sum().item(), 1.0)
+    per_sequence = (log_ratio.abs() * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+    keep = torch.ones_like(per_sequence, dtype=torch.bool)
+    if sequence_threshold is not None:
+        keep = per_sequence <= sequence_threshold
+    weights = ratio.clamp(max=cap) if cap is not None else torch.ones_like(ratio)
+    weights = weights * keep[:, None].float()
+    sampled = ratio[loss_mask]
+    return Correction(
+        weights=weights,
+        sequence_mask=keep,
+        ratio_mean=float((ratio * mask).sum().item() / tokens),
+        ratio_max=float(sampled.max().item()) if sampled.numel() else 0.0,
+        kl_estimate=float(((ratio - 1 - log_ratio) * mask).sum().item() / tokens),
+        mismatch=float((log_ratio.abs() * mask).sum().item() / tokens),
+        masked_sequences=int((~keep).sum().item()),
+    )

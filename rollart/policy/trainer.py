@@ -14,7 +14,14 @@ import torch
 
 from rollart.config import AlgorithmConfig
 from rollart.contracts import TrainResult, TrainSample
-from rollart.policy.grpo import Scored, clipped_policy_loss, group_advantages, token_logprobs
+from rollart.policy.grpo import (
+    Correction,
+    Scored,
+    clipped_policy_loss,
+    group_advantages,
+    off_policy_correction,
+    token_logprobs,
+)
 from rollart.store import TrajectoryStore, TurnRecord
 
 KEEP_VERSIONS = 2
@@ -44,9 +51,23 @@ def layout(records: list[TurnRecord], advantage: float) -> Sequence:
         ids += record.sampled_ids
         mask += [True] * len(record.sampled_ids)
         behaviour += record.logprobs
-        versions += [record.version] * len(record.sampled_ids)
+        versions += record.versions
         allowed = record.allowed_ids if record.allowed_ids is not None else allowed
     return Sequence(ids, mask, behaviour, versions, allowed, advantage)
+
+
+@dataclass
+class _Batch:
+    """One minibatch as tensors; positions are shifted so index t predicts token t+1."""
+
+    ids: torch.Tensor
+    attention: torch.Tensor
+    mask: torch.Tensor
+    behaviour: torch.Tensor
+    advantages: torch.Tensor
+    allowed: torch.Tensor | None
+    old: torch.Tensor | None = None
+    correction: Correction | None = None
 
 
 class Trainer:
@@ -93,14 +114,24 @@ class Trainer:
         groups = list(by_group.values())
         self.rng.shuffle(groups)
         chunks = [groups[i::algorithm.minibatches] for i in range(algorithm.minibatches)]
-        losses, clip_fractions, tokens, grad_norm, mismatch = [], [], 0, 0.0, None
-        for chunk in chunks:
-            sequences = [seq for group in chunk for seq in group]
-            if not sequences:
-                continue
-            stats = self._loss(sequences, algorithm.clip_eps, temperature)
-            if mismatch is None:  # before the first update the trainer is the behaviour policy
-                mismatch = stats.mismatch
+        batches = [self._tensors([seq for group in chunk for seq in group], temperature)
+                   for chunk in chunks if chunk]
+
+        # The old policy is this step's starting point; correct from the engine's behaviour
+        # policy to it before any update.
+        with torch.no_grad():
+            for batch in batches:
+                batch.old = self._logprobs(batch, temperature)
+                batch.correction = off_policy_correction(
+                    batch.old, batch.behaviour, batch.mask, algorithm.tis_cap,
+                    algorithm.sequence_mask_threshold)
+        heartbeat()
+
+        losses, clip_fractions, tokens, grad_norm = [], [], 0, 0.0
+        for batch in batches:
+            stats = clipped_policy_loss(self._logprobs(batch, temperature), batch.old,
+                                        batch.advantages, batch.mask, algorithm.clip_eps,
+                                        weights=batch.correction.weights)
             self.optimizer.zero_grad(set_to_none=True)
             stats.loss.backward()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
@@ -110,6 +141,19 @@ class Trainer:
             clip_fractions.append(stats.clip_fraction)
             tokens += stats.tokens
             heartbeat()
+
+        sequences = [seq for group in groups for seq in group]
+        sampled_versions = [[v for v, m in zip(s.versions, s.loss_mask, strict=True) if m]
+                            for s in sequences]
+        sampled = max(sum(len(v) for v in sampled_versions), 1)
+        stale = sum(v < self.version for versions in sampled_versions for v in versions)
+        weight = [b.mask.sum().item() for b in batches]
+
+        def token_mean(field: str) -> float:
+            total = sum(weight) or 1
+            return sum(getattr(b.correction, field) * w for b, w in zip(batches, weight,
+                                                                        strict=True)) / total
+
         self.version += 1
         path = self.publish()
         return TrainResult(
@@ -119,21 +163,22 @@ class Trainer:
             grad_norm=grad_norm,
             clip_fraction=sum(clip_fractions) / max(len(clip_fractions), 1),
             trained_tokens=tokens,
-            logprob_mismatch=mismatch or 0.0,
+            logprob_mismatch=token_mean("mismatch"),
+            ratio_mean=token_mean("ratio_mean"),
+            ratio_max=max((b.correction.ratio_max for b in batches), default=0.0),
+            kl_estimate=token_mean("kl_estimate"),
+            masked_sequences=sum(b.correction.masked_sequences for b in batches),
+            stale_token_share=stale / sampled,
+            mixed_version_sequences=sum(len(set(v)) > 1 for v in sampled_versions),
             seconds=time.perf_counter() - started,
         )
 
-    def _loss(self, sequences: list[Sequence], clip_eps: float, temperature: float):
+    def _tensors(self, sequences: list[Sequence], temperature: float) -> _Batch:
         length = max(len(s.token_ids) for s in sequences)
 
         def pad(values, fill):
             return [v + [fill] * (length - len(v)) for v in values]
 
-        ids = torch.tensor(pad([s.token_ids for s in sequences], self.pad_id))
-        attention = torch.tensor(pad([[1] * len(s.token_ids) for s in sequences], 0))
-        mask = torch.tensor(pad([s.loss_mask for s in sequences], False))
-        behaviour = torch.tensor(pad([s.behaviour_logprobs for s in sequences], 0.0))
-        advantages = torch.tensor([s.advantage for s in sequences])[:, None]
         allowed = None
         if any(s.allowed_ids is not None for s in sequences):
             allowed = torch.ones(len(sequences), self.vocab_size, dtype=torch.bool)
@@ -141,9 +186,18 @@ class Trainer:
                 if seq.allowed_ids is not None:
                     allowed[row] = False
                     allowed[row, seq.allowed_ids] = True
-        logits = self.model(input_ids=ids, attention_mask=attention).logits[:, :-1]
-        logprobs = token_logprobs(logits, ids[:, 1:], temperature, allowed)
-        return clipped_policy_loss(logprobs, behaviour[:, 1:], advantages, mask[:, 1:], clip_eps)
+        return _Batch(
+            ids=torch.tensor(pad([s.token_ids for s in sequences], self.pad_id)),
+            attention=torch.tensor(pad([[1] * len(s.token_ids) for s in sequences], 0)),
+            mask=torch.tensor(pad([s.loss_mask for s in sequences], False))[:, 1:],
+            behaviour=torch.tensor(pad([s.behaviour_logprobs for s in sequences], 0.0))[:, 1:],
+            advantages=torch.tensor([s.advantage for s in sequences])[:, None],
+            allowed=allowed,
+        )
+
+    def _logprobs(self, batch: _Batch, temperature: float) -> torch.Tensor:
+        logits = self.model(input_ids=batch.ids, attention_mask=batch.attention).logits[:, :-1]
+        return token_logprobs(logits, batch.ids[:, 1:], temperature, batch.allowed)
 
     def publish(self) -> Path:
         """Write this version where the engines can reload it; drop versions nobody needs."""

@@ -1,27 +1,30 @@
 """TrainingWorkflow: the single controller of a run.
 
-Each iteration starts one GRPO batch of TrajectoryWorkflow children (group_size siblings share an
-env seed), waits for them, forms the batch, runs one train step on the trainer fleet and moves the
-new weights into every generation replica (suspend -> update -> resume). State is small (a ledger,
-recent metrics) and is carried across continue-as-new.
+Two loops share the workflow's state. The supply loop keeps GRPO groups of TrajectoryWorkflow
+children running (group_size + redundancy siblings share an env seed); what it may start depends
+on the mode. The training loop takes complete, admissible groups from the sample buffer as soon as
+a batch's worth exists, trains, moves the new weights into every replica (suspend -> update ->
+resume) and evicts what the new version made too stale (cancelling it where it still runs).
+Children report their end by signal, so state (the buffer, a ledger, recent metrics) survives
+continue-as-new while children keep running (ParentClosePolicy.ABANDON).
 """
 
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
 from datetime import timedelta
 
 from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ChildWorkflowError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from rollart.config import RunConfig
     from rollart.contracts import (
         IterationMetrics,
-        Ledger,
+        RolloutShape,
         TrainingStatus,
         TrainRequest,
         TrainResult,
@@ -32,8 +35,8 @@ with workflow.unsafe.imports_passed_through():
         UpdateWeightsResult,
     )
     from rollart.queues import pool_queue, replica_queue
-    from rollart.workflows.batching import form_batch
-    from rollart.workflows.trajectory import TrajectoryWorkflow
+    from rollart.workflows.buffer import Group, SampleBuffer
+    from rollart.workflows.trajectory import DONE_SIGNAL, TrajectoryWorkflow
 
 TRAIN_TIMEOUT = timedelta(minutes=30)
 TRAIN_HEARTBEAT = timedelta(minutes=2)
@@ -48,9 +51,13 @@ KEPT_FAILURES = 20
 class TrainingState(BaseModel):
     iteration: int = 0
     version: int = 0
-    ledger: Ledger = Field(default_factory=Ledger)
+    groups_started: int = 0
+    buffer: SampleBuffer
     history: list[IterationMetrics] = Field(default_factory=list)
     failures: list[str] = Field(default_factory=list)
+    redundant_ids: list[str] = Field(default_factory=list)
+    redundant_kept: RolloutShape = Field(default_factory=RolloutShape)
+    redundant_cancelled: RolloutShape = Field(default_factory=RolloutShape)
     done: bool = False
 
 
@@ -61,130 +68,208 @@ class TrainingInput(BaseModel):
 
 @workflow.defn
 class TrainingWorkflow:
-    def __init__(self) -> None:
-        self.config: RunConfig | None = None
-        self.state = TrainingState()
+    @workflow.init
+    def __init__(self, inp: TrainingInput) -> None:
+        # Set up before any handler runs: signals buffered across continue-as-new arrive with
+        # the new run's first task.
+        self.config = inp.config
+        self.state = inp.state or TrainingState(
+            buffer=SampleBuffer(alpha=inp.config.algorithm.alpha))
+        self.training = False
+        self.stopping = False
+        self.starting = 0
 
     @workflow.query
     def status(self) -> TrainingStatus:
-        iterations = self.config.algorithm.iterations if self.config else 0
+        cfg, state = self.config, self.state
         return TrainingStatus(
-            iteration=self.state.iteration, iterations=iterations, version=self.state.version,
-            done=self.state.done, ledger=self.state.ledger, history=self.state.history,
-            failures=self.state.failures,
+            iteration=state.iteration, iterations=cfg.algorithm.iterations,
+            version=state.version, done=state.done, ledger=state.buffer.ledger,
+            history=state.history, failures=state.failures,
+            mode=cfg.algorithm.mode, alpha=state.buffer.alpha,
+            late_results=state.buffer.late_results,
+            redundant_kept=state.redundant_kept, redundant_cancelled=state.redundant_cancelled,
         )
+
+    @workflow.signal(name=DONE_SIGNAL)
+    async def trajectory_done(self, result: TrajectoryResult) -> None:
+        state = self.state
+        if result.trajectory_id in state.redundant_ids:
+            state.redundant_ids.remove(result.trajectory_id)
+            state.redundant_cancelled.add(result)
+        if result.status == "cancelled" and state.buffer.owner(result.trajectory_id) is None:
+            return  # we cancelled it and counted it when we did
+        if result.status != "completed":
+            error = result.error or "cancelled outside the training run"
+            state.failures = (state.failures + [error])[-KEPT_FAILURES:]
+            result = result.model_copy(update={"status": "failed", "error": error})
+        decision = state.buffer.record(result)
+        state.redundant_ids += decision.cancel
+        await self._cancel(decision.cancel)
 
     @workflow.run
     async def run(self, inp: TrainingInput) -> TrainingStatus:
-        self.config = cfg = inp.config
-        self.state = inp.state or TrainingState()
-        if self.state.iteration == 0:
-            await workflow.execute_activity(
-                "env.check", cfg.env.name, task_queue=pool_queue("env", cfg.env.pool),
-                start_to_close_timeout=CHECK_TIMEOUT,
-                retry_policy=RetryPolicy(maximum_attempts=3),
-            )
-            initial = await workflow.execute_activity(
-                "train.begin_run", workflow.info().workflow_id, result_type=UpdateWeightsRequest,
-                task_queue=pool_queue("train", cfg.trainer.pool),
-                start_to_close_timeout=UPDATE_TIMEOUT, retry_policy=RETRY,
-            )
-            await self._update_replicas(cfg, initial)
-        while self.state.iteration < cfg.algorithm.iterations and not self.state.done:
-            metrics = await self._iteration(cfg)
-            self.state.history = (self.state.history + [metrics])[-KEPT_HISTORY:]
-            self.state.iteration += 1
-            target = cfg.algorithm.stop_at_success
-            if target is not None and metrics.success_rate >= target:
-                self.state.done = True
-            if workflow.info().is_continue_as_new_suggested() and not self.state.done:
-                await workflow.wait_condition(workflow.all_handlers_finished)
-                workflow.continue_as_new(TrainingInput(config=cfg, state=self.state))
-        self.state.done = True
+        cfg, state = self.config, self.state
+        if state.iteration == 0 and state.groups_started == 0:
+            await self._begin(cfg)
+        supply = asyncio.create_task(self._supply(cfg))
+        try:
+            while state.iteration < cfg.algorithm.iterations and not state.done:
+                metrics = await self._iteration(cfg)
+                state.history = (state.history + [metrics])[-KEPT_HISTORY:]
+                state.iteration += 1
+                target = cfg.algorithm.stop_at_success
+                if target is not None and metrics.success_rate >= target:
+                    state.done = True
+                if workflow.info().is_continue_as_new_suggested() and not state.done:
+                    await self._stop_supply(supply)
+                    await workflow.wait_condition(workflow.all_handlers_finished)
+                    workflow.continue_as_new(TrainingInput(config=cfg, state=state))
+        finally:
+            await self._stop_supply(supply)
+        state.done = True
+        await self._cancel(state.buffer.evict_all().cancel)
+        await workflow.wait_condition(workflow.all_handlers_finished)
         return self.status()
 
+    async def _begin(self, cfg: RunConfig) -> None:
+        """Refuse an unknown environment before anything starts; have the trainer start from
+        the configured model and the engines from the trainer's weights."""
+        await workflow.execute_activity(
+            "env.check", cfg.env.name, task_queue=pool_queue("env", cfg.env.pool),
+            start_to_close_timeout=CHECK_TIMEOUT, retry_policy=RetryPolicy(maximum_attempts=3),
+        )
+        initial = await workflow.execute_activity(
+            "train.begin_run", workflow.info().workflow_id, result_type=UpdateWeightsRequest,
+            task_queue=pool_queue("train", cfg.trainer.pool),
+            start_to_close_timeout=UPDATE_TIMEOUT, retry_policy=RETRY,
+        )
+        await self._update_replicas(cfg, initial)
+
+    async def _stop_supply(self, supply: asyncio.Task) -> None:
+        """Stop starting groups, but never in the middle of starting one: a group whose members
+        were not all started would wait for them forever."""
+        self.stopping = True
+        await workflow.wait_condition(lambda: self.starting == 0)
+        supply.cancel()
+
+    def _groups_to_start(self, cfg: RunConfig) -> int:
+        algo, outstanding = cfg.algorithm, self.state.buffer.outstanding_groups()
+        per_batch = algo.groups_per_batch
+        if self.stopping:
+            return 0
+        if algo.mode == "sync":  # one batch at a time, never while training
+            return per_batch - outstanding if not self.training else 0
+        if algo.mode == "one_off":  # the next whole batch while the previous one trains
+            return per_batch if outstanding + per_batch <= 2 * per_batch else 0
+        return max(per_batch * (algo.alpha + 1) - outstanding, 0)
+
+    async def _supply(self, cfg: RunConfig) -> None:
+        while True:
+            await workflow.wait_condition(lambda: self._groups_to_start(cfg) > 0)
+            count = self._groups_to_start(cfg)
+            self.starting += count
+            try:
+                await asyncio.gather(*(self._start_group(cfg) for _ in range(count)))
+            finally:
+                self.starting -= count
+
+    async def _start_group(self, cfg: RunConfig) -> None:
+        algo, env, state = cfg.algorithm, cfg.env, self.state
+        replicas = cfg.pool("gen", env.gen_pool).replicas
+        group_id = f"{workflow.info().workflow_id}.g{state.groups_started:06d}"
+        seed = workflow.random().randint(0, 2**31 - 1)
+        members = [f"{group_id}.t{k:02d}" for k in range(algo.group_size + algo.redundancy)]
+        state.buffer.start_group(group_id, members, state.version, algo.group_size)
+        replica = state.groups_started % replicas
+        state.groups_started += 1
+        specs = [
+            TrajectorySpec(
+                trajectory_id=tid, group_id=group_id, seed=seed, env_name=env.name,
+                env_kwargs=env.kwargs, max_turns=env.max_turns,
+                env_queue=pool_queue("env", env.pool),
+                gen_queue=replica_queue("gen", env.gen_pool, replica),
+                reward_queue=pool_queue("reward", env.reward_pool),
+                store_dir=str(cfg.store_dir), sampling=cfg.sampling,
+                start_version=state.version,
+            )
+            for tid in members
+        ]
+        await asyncio.gather(*(
+            workflow.start_child_workflow(
+                TrajectoryWorkflow.run, spec, id=spec.trajectory_id,
+                task_queue=cfg.temporal.control_queue,
+                parent_close_policy=ParentClosePolicy.ABANDON,
+            )
+            for spec in specs
+        ))
+
     async def _iteration(self, cfg: RunConfig) -> IterationMetrics:
+        state, algo = self.state, cfg.algorithm
         started = workflow.now()
-        results = await self._rollout(cfg)
-        batch = form_batch(results)
-        rolled_out = workflow.now()
-        ledger = self.state.ledger
-        ledger.failed += len(batch.failed)
-        ledger.evicted += len(batch.evicted)
-        train = None
-        if batch.trainable:
+        await workflow.wait_condition(
+            lambda: len(state.buffer.ready_groups(state.version)) >= algo.groups_per_batch)
+        groups = state.buffer.take(algo.groups_per_batch, state.version)
+        batch_ready = workflow.now()
+        self.training = True
+        try:
+            kept = [r for g in groups for r in g.completed]
+            if algo.redundancy:
+                for result in kept:
+                    state.redundant_kept.add(result)
             train = await workflow.execute_activity(
                 "train.step",
                 TrainRequest(
-                    iteration=self.state.iteration, version=self.state.version,
-                    store_dir=str(cfg.store_dir), algorithm=cfg.algorithm,
+                    iteration=state.iteration, version=state.version,
+                    store_dir=str(cfg.store_dir), algorithm=algo,
                     temperature=cfg.sampling.temperature,
                     samples=[TrainSample(trajectory_id=r.trajectory_id, group_id=r.group_id,
-                                         reward=r.reward) for r in batch.trainable],
+                                         reward=r.reward) for r in kept],
                 ),
                 result_type=TrainResult, task_queue=pool_queue("train", cfg.trainer.pool),
                 start_to_close_timeout=TRAIN_TIMEOUT, heartbeat_timeout=TRAIN_HEARTBEAT,
                 retry_policy=RETRY,
             )
-            ledger.trained += len(batch.trainable)
-        trained = workflow.now()
-        if train is not None:
+            trained = workflow.now()
             await self._update_replicas(
                 cfg, UpdateWeightsRequest(version=train.version, weights_path=train.weights_path))
-            self.state.version = train.version
+            lags = Counter(state.version - g.start_version for g in groups for _ in g.completed)
+            state.version = train.version
+            decision = state.buffer.evict_stale(state.version)
+            await self._cancel(decision.cancel)
+        finally:
+            self.training = False
         updated = workflow.now()
-        completed = batch.trainable + batch.evicted
-        rollout_s = (rolled_out - started).total_seconds()
-        tokens = sum(r.generated_tokens for r in results)
+        return self._metrics(groups, train, lags, started, batch_ready, trained, updated)
+
+    def _metrics(self, groups: list[Group], train: TrainResult, lags: Counter, started,
+                 batch_ready, trained, updated) -> IterationMetrics:
+        kept = [r for g in groups for r in g.completed]
+        waited = (batch_ready - started).total_seconds()
+        tokens = sum(r.generated_tokens for r in kept)
+        step_s = (updated - started).total_seconds()
         return IterationMetrics(
             iteration=self.state.iteration, ended_at=updated, version=self.state.version,
-            reward_mean=_mean([r.reward for r in completed]),
-            success_rate=_mean([float(r.success) for r in completed]),
-            trajectories=len(results), generated_tokens=tokens,
-            rollout_s=rollout_s, train_s=(trained - rolled_out).total_seconds(),
-            weight_update_s=(updated - trained).total_seconds(),
-            step_s=(updated - started).total_seconds(),
-            tokens_per_s=tokens / rollout_s if rollout_s > 0 else 0.0,
-            loss=train.loss if train else 0.0,
+            reward_mean=_mean([r.reward for r in kept]),
+            success_rate=_mean([float(r.success) for r in kept]),
+            trajectories=len(kept), generated_tokens=tokens,
+            rollout_s=waited, train_s=(trained - batch_ready).total_seconds(),
+            weight_update_s=(updated - trained).total_seconds(), step_s=step_s,
+            tokens_per_s=tokens / step_s if step_s > 0 else 0.0, loss=train.loss,
+            trainer_idle_s=waited, lag_histogram=dict(lags),
+            lag_mean=_mean([float(lag) for lag in lags.elements()]),
+            lag_max=max(lags, default=0), stale_token_share=train.stale_token_share,
+            mixed_version_trajectories=sum(r.mixed_versions for r in kept),
+            ratio_mean=train.ratio_mean, ratio_max=train.ratio_max,
+            kl_estimate=train.kl_estimate,
         )
 
-    async def _rollout(self, cfg: RunConfig) -> list[TrajectoryResult]:
-        algo, env = cfg.algorithm, cfg.env
-        replicas = cfg.pool("gen", env.gen_pool).replicas
-        run_id = workflow.info().workflow_id
-        handles = []
-        for group in range(algo.batch_size // algo.group_size):
-            seed = workflow.random().randint(0, 2**31 - 1)
-            group_id = f"{run_id}.it{self.state.iteration:05d}.g{group:03d}"
-            for member in range(algo.group_size):
-                tid = f"{group_id}.t{member:02d}"
-                spec = TrajectorySpec(
-                    trajectory_id=tid, group_id=group_id, seed=seed, env_name=env.name,
-                    env_kwargs=env.kwargs, max_turns=env.max_turns,
-                    env_queue=pool_queue("env", env.pool),
-                    gen_queue=replica_queue("gen", env.gen_pool, len(handles) % replicas),
-                    reward_queue=pool_queue("reward", env.reward_pool),
-                    store_dir=str(cfg.store_dir), sampling=cfg.sampling,
-                )
-                handles.append(workflow.start_child_workflow(
-                    TrajectoryWorkflow.run, spec, id=tid,
-                    task_queue=cfg.temporal.control_queue,
-                    parent_close_policy=ParentClosePolicy.REQUEST_CANCEL,
-                ))
-                self.state.ledger.started += 1
-        started = await asyncio.gather(*handles)
-        outcomes = await asyncio.gather(*started, return_exceptions=True)
-        results = []
-        for handle, outcome in zip(started, outcomes, strict=True):
-            if isinstance(outcome, TrajectoryResult):
-                results.append(outcome)
-                continue
-            error = _describe(outcome)
-            self.state.failures = (self.state.failures + [f"{handle.id}: {error}"])[-KEPT_FAILURES:]
-            results.append(TrajectoryResult(trajectory_id=handle.id,
-                                            group_id=handle.id.rsplit(".", 1)[0],
-                                            status="failed", error=error))
-        return results
+    async def _cancel(self, trajectory_ids: list[str]) -> None:
+        for tid in trajectory_ids:
+            try:
+                await workflow.get_external_workflow_handle(tid).cancel()
+            except Exception:  # it ended before the request arrived; it is accounted already
+                workflow.logger.info("cancel of %s found it ended", tid)
 
     async def _update_replicas(self, cfg: RunConfig, request: UpdateWeightsRequest) -> None:
         """Suspend -> update -> resume on every replica of the generation pool."""
@@ -201,9 +286,3 @@ class TrainingWorkflow:
 
 def _mean(values: list[float]) -> float:
     return sum(values) / len(values) if values else 0.0
-
-
-def _describe(error: BaseException) -> str:
-    if isinstance(error, ChildWorkflowError) and error.cause is not None:
-        return str(getattr(error.cause, "message", error.cause))
-    return f"{type(error).__name__}: {error}"

@@ -2,16 +2,19 @@
 
 Each step is an activity on the queue of the fleet that owns it, so a slow or failing environment
 delays or fails only its own trajectory. The result is a reference (the trajectory id plus a few
-scalars); the tokens stay in the trajectory store.
+scalars); the tokens stay in the trajectory store. A trajectory started by a TrainingWorkflow
+reports how it ended (completed, failed or cancelled) to its parent by signal, which reaches the
+parent's latest run across continue-as-new.
 """
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
     from rollart.contracts import (
@@ -29,12 +32,14 @@ with workflow.unsafe.imports_passed_through():
 
 ENV_TIMEOUT = timedelta(seconds=60)
 GENERATE_TIMEOUT = timedelta(seconds=120)
+GENERATE_HEARTBEAT = timedelta(seconds=10)
 REWARD_TIMEOUT = timedelta(seconds=60)
 ENV_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                         maximum_attempts=3)
 GENERATE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                              maximum_attempts=5)
 CONTEXT_FULL = "context_full"
+DONE_SIGNAL = "trajectory_done"
 
 
 @workflow.defn
@@ -42,6 +47,9 @@ class TrajectoryWorkflow:
     def __init__(self) -> None:
         self.turn = 0
         self.phase = "reset"
+        self.env_queue: str | None = None
+        self.open_env = False
+        self.partial: TrajectoryResult | None = None
 
     @workflow.query
     def progress(self) -> dict[str, object]:
@@ -49,19 +57,32 @@ class TrajectoryWorkflow:
 
     @workflow.run
     async def run(self, spec: TrajectorySpec) -> TrajectoryResult:
-        tid = spec.trajectory_id
+        self.partial = TrajectoryResult(trajectory_id=spec.trajectory_id,
+                                        group_id=spec.group_id, status="cancelled",
+                                        start_version=spec.start_version)
         try:
-            return await self._episode(spec)
-        except ActivityError as err:
-            cause = err.cause.message if err.cause is not None else str(err)
-            raise ApplicationError(
-                f"trajectory {tid} failed in {self.phase} (turn {self.turn}): {cause}",
-                type="TrajectoryFailed",
-                non_retryable=True,
-            ) from err
+            result = await self._episode(spec)
+        except (asyncio.CancelledError, ActivityError) as err:
+            if not is_cancelled_exception(err):
+                return await self._fail(spec, err)
+            # Evicted or redundant: give the environment back, tell the parent what the
+            # trajectory looked like so far, and end as cancelled.
+            await self._release_env(spec)
+            await self._report(self.partial)
+            raise
+        await self._report(result)
+        return result
+
+    async def _fail(self, spec: TrajectorySpec, err: ActivityError) -> TrajectoryResult:
+        cause = err.cause.message if err.cause is not None else str(err)
+        message = (f"trajectory {spec.trajectory_id} failed in {self.phase} "
+                   f"(turn {self.turn}): {cause}")
+        await self._release_env(spec)
+        await self._report(self.partial.model_copy(update={"status": "failed", "error": message}))
+        raise ApplicationError(message, type="TrajectoryFailed", non_retryable=True) from err
 
     async def _episode(self, spec: TrajectorySpec) -> TrajectoryResult:
-        tid = spec.trajectory_id
+        tid, partial = spec.trajectory_id, self.partial
         reset = await workflow.execute_activity(
             "env.reset",
             EnvResetRequest(trajectory_id=tid, env_name=spec.env_name,
@@ -69,40 +90,39 @@ class TrajectoryWorkflow:
             result_type=EnvResetResult, task_queue=spec.env_queue,
             start_to_close_timeout=ENV_TIMEOUT, retry_policy=ENV_RETRY,
         )
-        observation, rewards, info = reset.observation, [], {}
-        generated, versions, ended = 0, [], False
-        try:
-            for self.turn in range(spec.max_turns):
-                self.phase = "generate"
-                gen = await workflow.execute_activity(
-                    "gen.generate",
-                    GenerateRequest(trajectory_id=tid, turn=self.turn, observation=observation,
-                                    store_dir=spec.store_dir, sampling=spec.sampling,
-                                    action_vocabulary=reset.action_vocabulary),
-                    result_type=GenerateResult, task_queue=spec.gen_queue,
-                    start_to_close_timeout=GENERATE_TIMEOUT, retry_policy=GENERATE_RETRY,
-                )
-                if gen.finish_reason == CONTEXT_FULL:
-                    break
-                generated += gen.new_tokens
-                versions.append(gen.version)
-                self.phase = "step"
-                step = await workflow.execute_activity(
-                    "env.step", EnvStepRequest(trajectory_id=tid, action=gen.text),
-                    result_type=EnvStepResult, task_queue=reset.worker_queue,
-                    start_to_close_timeout=ENV_TIMEOUT, retry_policy=ENV_RETRY,
-                )
-                observation, info = step.observation, step.info
-                rewards.append(step.reward)
-                if step.terminated or step.truncated:
-                    ended = True
-                    break
-        finally:
-            if not ended:  # the env worker frees ended episodes itself
-                await workflow.execute_activity(
-                    "env.close", tid, task_queue=reset.worker_queue,
-                    start_to_close_timeout=ENV_TIMEOUT, retry_policy=ENV_RETRY,
-                )
+        self.env_queue, self.open_env = reset.worker_queue, True
+        observation, rewards, info, versions = reset.observation, [], {}, set()
+        for self.turn in range(spec.max_turns):
+            self.phase = "generate"
+            gen = await workflow.execute_activity(
+                "gen.generate",
+                GenerateRequest(trajectory_id=tid, turn=self.turn, observation=observation,
+                                store_dir=spec.store_dir, sampling=spec.sampling,
+                                action_vocabulary=reset.action_vocabulary),
+                result_type=GenerateResult, task_queue=spec.gen_queue,
+                start_to_close_timeout=GENERATE_TIMEOUT, heartbeat_timeout=GENERATE_HEARTBEAT,
+                retry_policy=GENERATE_RETRY,
+            )
+            if gen.finish_reason == CONTEXT_FULL:
+                break
+            versions.add(gen.version)
+            partial.turns += 1
+            partial.generated_tokens += gen.new_tokens
+            partial.end_version = max(partial.end_version, gen.version)
+            partial.mixed_versions = partial.mixed_versions or gen.mixed_versions
+            self.phase = "step"
+            step = await workflow.execute_activity(
+                "env.step", EnvStepRequest(trajectory_id=tid, action=gen.text),
+                result_type=EnvStepResult, task_queue=reset.worker_queue,
+                start_to_close_timeout=ENV_TIMEOUT, retry_policy=ENV_RETRY,
+            )
+            observation, info = step.observation, step.info
+            rewards.append(step.reward)
+            partial.reward = float(sum(rewards))
+            if step.terminated or step.truncated:
+                self.open_env = False  # the env worker frees ended episodes itself
+                break
+        await self._release_env(spec)
         self.phase = "reward"
         reward = await workflow.execute_activity(
             "reward.compute",
@@ -112,9 +132,27 @@ class TrajectoryWorkflow:
             start_to_close_timeout=REWARD_TIMEOUT, retry_policy=ENV_RETRY,
         )
         self.phase = "done"
-        return TrajectoryResult(
-            trajectory_id=tid, group_id=spec.group_id, status="completed",
-            reward=reward.reward, success=reward.success, turns=len(versions),
-            generated_tokens=generated,
-            start_version=min(versions, default=-1), end_version=max(versions, default=-1),
+        return partial.model_copy(update={
+            "status": "completed", "reward": reward.reward, "success": reward.success,
+            "mixed_versions": partial.mixed_versions or len(versions) > 1,
+        })
+
+    async def _release_env(self, spec: TrajectorySpec) -> None:
+        if not self.open_env:
+            return
+        self.open_env = False
+        await workflow.execute_activity(
+            "env.close", spec.trajectory_id, task_queue=self.env_queue,
+            start_to_close_timeout=ENV_TIMEOUT, retry_policy=ENV_RETRY,
         )
+
+    async def _report(self, result: TrajectoryResult) -> None:
+        parent = workflow.info().parent
+        if parent is None:
+            return
+        try:
+            await workflow.get_external_workflow_handle(parent.workflow_id).signal(
+                DONE_SIGNAL, result)
+        except Exception:  # the parent run ended: its ledger no longer waits for this one
+            workflow.logger.warning("could not report %s to %s", result.trajectory_id,
+                                    parent.workflow_id)

@@ -1,0 +1,150 @@
+"""The sample buffer: GRPO groups from start to training, under the staleness bound alpha.
+
+Pure, deterministic logic driven by TrainingWorkflow and tested directly. It owns the ledger:
+every trajectory it is told about ends in exactly one bucket (trained, failed, evicted), and is
+in flight until then (running, or finished and waiting in the buffer), so
+started = trained + failed + evicted + in flight always holds.
+
+The rule: a trajectory started when the rollout policy was version v0 may be trained on at
+version n only while n - v0 <= alpha. A group is as old as its oldest member.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, Field
+
+from rollart.contracts import Ledger, TrajectoryResult
+
+MIN_GROUP = 2
+
+
+def admissible(start_version: int, version: int, alpha: int) -> bool:
+    return version - start_version <= alpha
+
+
+class Group(BaseModel):
+    group_id: str
+    start_version: int
+    target: int = Field(description="Members needed to form the group (group_size).")
+    in_flight: list[str] = Field(default_factory=list)
+    completed: list[TrajectoryResult] = Field(default_factory=list)
+    failed: int = 0
+
+    @property
+    def complete(self) -> bool:
+        """Enough members finished, or none is left running and at least two finished."""
+        if len(self.completed) >= self.target:
+            return True
+        return not self.in_flight and len(self.completed) >= MIN_GROUP
+
+    @property
+    def hopeless(self) -> bool:
+        return not self.in_flight and len(self.completed) < MIN_GROUP
+
+
+class Decision(BaseModel):
+    """What the workflow must do after the buffer changed."""
+
+    cancel: list[str] = Field(default_factory=list)
+    evicted: list[TrajectoryResult] = Field(default_factory=list)
+
+
+class SampleBuffer(BaseModel):
+    alpha: int
+    groups: dict[str, Group] = Field(default_factory=dict)
+    ledger: Ledger = Field(default_factory=Ledger)
+    late_results: int = 0
+    redundant_cancelled: int = 0
+    stale_evicted: int = 0
+
+    def start_group(self, group_id: str, trajectory_ids: list[str], start_version: int,
+                    target: int) -> None:
+        self.groups[group_id] = Group(group_id=group_id, start_version=start_version,
+                                      target=target, in_flight=list(trajectory_ids))
+        self.ledger.started += len(trajectory_ids)
+
+    def owner(self, trajectory_id: str) -> Group | None:
+        for group in self.groups.values():
+            if trajectory_id in group.in_flight:
+                return group
+        return None
+
+    def record(self, result: TrajectoryResult) -> Decision:
+        """A trajectory ended. Unknown or already-settled ids (a cancelled one that finished
+        anyway, a duplicate signal) change nothing."""
+        group = self.owner(result.trajectory_id)
+        if group is None:
+            self.late_results += 1
+            return Decision()
+        group.in_flight.remove(result.trajectory_id)
+        decision = Decision()
+        if result.status == "completed":
+            group.completed.append(result)
+            if len(group.completed) >= group.target and group.in_flight:
+                decision.cancel = list(group.in_flight)  # redundant siblings
+                self.ledger.evicted += len(group.in_flight)
+                self.redundant_cancelled += len(group.in_flight)
+                group.in_flight = []
+        else:
+            group.failed += 1
+            self.ledger.failed += 1
+        if group.hopeless:
+            decision.evicted += group.completed
+            self.ledger.evicted += len(group.completed)
+            del self.groups[group.group_id]
+        return decision
+
+    def ready_groups(self, version: int) -> list[Group]:
+        """Complete, admissible groups, oldest first."""
+        ready = [g for g in self.groups.values()
+                 if g.complete and admissible(g.start_version, version, self.alpha)]
+        return sorted(ready, key=lambda g: g.start_version)
+
+    def take(self, count: int, version: int) -> list[Group]:
+        """Hand `count` groups to the trainer (all of them trained) or none if fewer are ready."""
+        ready = self.ready_groups(version)
+        if len(ready) < count:
+            return []
+        taken = ready[:count]
+        for group in taken:
+            del self.groups[group.group_id]
+            self.ledger.trained += len(group.completed)
+        return taken
+
+    def evict_stale(self, version: int) -> Decision:
+        """After the version advanced: drop every group that may no longer be trained on,
+        cancelling its members still running."""
+        decision = Decision()
+        for group in list(self.groups.values()):
+            if admissible(group.start_version, version, self.alpha):
+                continue
+            decision.cancel += group.in_flight
+            decision.evicted += group.completed
+            count = len(group.in_flight) + len(group.completed)
+            self.ledger.evicted += count
+            self.stale_evicted += count
+            del self.groups[group.group_id]
+        return decision
+
+    def evict_all(self) -> Decision:
+        """The run is over: nothing left may be trained."""
+        decision = Decision()
+        for group in self.groups.values():
+            decision.cancel += group.in_flight
+            decision.evicted += group.completed
+            self.ledger.evicted += len(group.in_flight) + len(group.completed)
+        self.groups = {}
+        return decision
+
+    @property
+    def in_flight(self) -> int:
+        """Trajectories still running."""
+        return sum(len(g.in_flight) for g in self.groups.values())
+
+    @property
+    def buffered(self) -> int:
+        """Finished trajectories waiting for their group to be trained."""
+        return sum(len(g.completed) for g in self.groups.values())
+
+    def outstanding_groups(self) -> int:
+        return len(self.groups)

@@ -1,0 +1,83 @@
+"""The sample buffer's staleness rule and accounting, driven without a server."""
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rollart.contracts import TrajectoryResult
+from rollart.workflows.buffer import SampleBuffer, admissible
+
+
+def done(tid: str, group: str, status: str = "completed") -> TrajectoryResult:
+    return TrajectoryResult(trajectory_id=tid, group_id=group, status=status)
+
+
+def test_admissible_is_exactly_n_minus_v0_at_most_alpha():
+    assert admissible(3, 4, 1) and admissible(3, 3, 0)
+    assert not admissible(3, 5, 1) and not admissible(3, 4, 0)
+
+
+def test_redundant_siblings_are_cancelled_once_the_group_is_formed():
+    buffer = SampleBuffer(alpha=1)
+    buffer.start_group("g", ["a", "b", "c"], start_version=0, target=2)
+    assert buffer.record(done("a", "g")).cancel == []
+    decision = buffer.record(done("b", "g"))
+    assert decision.cancel == ["c"]
+    assert buffer.record(done("c", "g")).cancel == []  # finished anyway: already counted
+    assert buffer.late_results == 1
+    [group] = buffer.take(1, version=0)
+    assert [r.trajectory_id for r in group.completed] == ["a", "b"]
+    assert buffer.ledger.model_dump() == {"started": 3, "trained": 2, "failed": 0, "evicted": 1}
+
+
+def test_a_group_without_two_survivors_is_evicted():
+    buffer = SampleBuffer(alpha=0)
+    buffer.start_group("g", ["a", "b"], start_version=0, target=2)
+    buffer.record(done("a", "g"))
+    decision = buffer.record(done("b", "g", status="failed"))
+    assert [r.trajectory_id for r in decision.evicted] == ["a"]
+    assert buffer.ledger.model_dump() == {"started": 2, "trained": 0, "failed": 1, "evicted": 1}
+    assert buffer.take(1, version=0) == []
+
+
+@settings(max_examples=300, deadline=None)
+@given(alpha=st.integers(0, 3), per_batch=st.integers(1, 3), group_size=st.integers(2, 4),
+       redundancy=st.integers(0, 2), data=st.data())
+def test_no_trained_trajectory_ever_violates_alpha(alpha, per_batch, group_size, redundancy,
+                                                   data):
+    """Random env latencies are random completion orders; random failures; the trainer takes a
+    batch whenever one is ready. Nothing older than alpha is ever handed out, groups stay whole
+    and the ledger always adds up."""
+    buffer = SampleBuffer(alpha=alpha)
+    version, running, started_groups = 0, {}, 0
+    cap = per_batch * (alpha + 1)
+    for _ in range(data.draw(st.integers(20, 200))):
+        action = data.draw(st.sampled_from(["start", "finish", "finish", "train"]))
+        if action == "start" and buffer.outstanding_groups() < cap:
+            gid = f"g{started_groups}"
+            started_groups += 1
+            members = [f"{gid}.t{k}" for k in range(group_size + redundancy)]
+            buffer.start_group(gid, members, version, group_size)
+            running.update({tid: gid for tid in members})
+        elif action == "finish" and running:
+            tid = data.draw(st.sampled_from(sorted(running)))
+            status = data.draw(st.sampled_from(["completed"] * 5 + ["failed"]))
+            decision = buffer.record(done(tid, running.pop(tid), status))
+            for cancelled in decision.cancel:
+                running.pop(cancelled)
+        elif action == "train":
+            taken = buffer.take(per_batch, version)
+            for group in taken:
+                assert version - group.start_version <= alpha
+                assert {r.group_id for r in group.completed} == {group.group_id}
+                assert 2 <= len(group.completed) <= group_size
+                assert all(r.status == "completed" for r in group.completed)
+            if taken:
+                version += 1
+                for cancelled in buffer.evict_stale(version).cancel:
+                    running.pop(cancelled)
+        ledger = buffer.ledger
+        assert ledger.in_flight == buffer.in_flight + buffer.buffered
+        assert ledger.in_flight >= 0
+        assert buffer.in_flight == len(running)
+    buffer.evict_all()
+    assert buffer.ledger.in_flight == 0
