@@ -43,6 +43,15 @@ class SamplingConfig(StrictModel):
     )
 
 
+class InjectedLatency(StrictModel):
+    """Synthetic environment latency for tests and benchmarks (the long tail of real envs)."""
+
+    step_median_s: float = Field(0.0, ge=0, description="Median of lognormal step delays.")
+    step_sigma: float = Field(1.0, ge=0, description="Lognormal sigma: the tail's weight.")
+    slow_reset_share: float = Field(0.0, ge=0, le=1)
+    slow_reset_s: float = Field(0.0, ge=0)
+
+
 class EnvConfig(StrictModel):
     name: str = "frozenlake"
     kwargs: dict[str, object] = Field(default_factory=dict)
@@ -50,6 +59,7 @@ class EnvConfig(StrictModel):
     pool: str = "cpu"
     gen_pool: str = "cpu"
     reward_pool: str = "cpu"
+    latency: InjectedLatency = Field(default_factory=InjectedLatency)
 
 
 class AlgorithmConfig(StrictModel):

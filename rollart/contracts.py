@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from rollart.config import AlgorithmConfig, SamplingConfig
+from rollart.config import AlgorithmConfig, InjectedLatency, SamplingConfig
 
 TrajectoryStatus = Literal["completed", "failed", "cancelled"]
 
@@ -28,6 +28,7 @@ class TrajectorySpec(BaseModel):
     reward_queue: str
     store_dir: str
     sampling: SamplingConfig
+    latency: InjectedLatency = Field(default_factory=InjectedLatency)
     start_version: int = Field(0, description="Rollout policy version when this one started.")
 
 
@@ -36,6 +37,7 @@ class EnvResetRequest(BaseModel):
     env_name: str
     env_kwargs: dict[str, object] = Field(default_factory=dict)
     seed: int
+    latency: InjectedLatency = Field(default_factory=InjectedLatency)
 
 
 class EnvResetResult(BaseModel):
@@ -47,6 +49,7 @@ class EnvResetResult(BaseModel):
 class EnvStepRequest(BaseModel):
     trajectory_id: str
     action: str
+    latency: InjectedLatency = Field(default_factory=InjectedLatency)
 
 
 class EnvStepResult(BaseModel):

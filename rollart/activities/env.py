@@ -7,7 +7,10 @@ so these are thread-pool activities.
 
 from __future__ import annotations
 
+import math
+import random
 import threading
+import time
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -35,6 +38,8 @@ class EnvActivities:
 
     @activity.defn(name="env.reset")
     def reset(self, request: EnvResetRequest) -> EnvResetResult:
+        if random.random() < request.latency.slow_reset_share:
+            time.sleep(request.latency.slow_reset_s)
         try:
             env = make_env(request.env_name, **request.env_kwargs)
         except UnknownEnvironmentError as err:
@@ -57,6 +62,9 @@ class EnvActivities:
                 f"no live environment for {request.trajectory_id} on {self.worker_queue} "
                 "(the env worker restarted?)", type="EnvironmentLost", non_retryable=True,
             )
+        if request.latency.step_median_s > 0:
+            time.sleep(random.lognormvariate(math.log(request.latency.step_median_s),
+                                             request.latency.step_sigma))
         try:
             result = env.step(request.action)
         except Exception as err:

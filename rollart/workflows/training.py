@@ -190,7 +190,7 @@ class TrainingWorkflow:
                 env_queue=pool_queue("env", env.pool),
                 gen_queue=replica_queue("gen", env.gen_pool, replica),
                 reward_queue=pool_queue("reward", env.reward_pool),
-                store_dir=str(cfg.store_dir), sampling=cfg.sampling,
+                store_dir=str(cfg.store_dir), sampling=cfg.sampling, latency=env.latency,
                 start_version=state.version,
             )
             for tid in members

@@ -86,7 +86,8 @@ class TrajectoryWorkflow:
         reset = await workflow.execute_activity(
             "env.reset",
             EnvResetRequest(trajectory_id=tid, env_name=spec.env_name,
-                            env_kwargs=spec.env_kwargs, seed=spec.seed),
+                            env_kwargs=spec.env_kwargs, seed=spec.seed,
+                            latency=spec.latency),
             result_type=EnvResetResult, task_queue=spec.env_queue,
             start_to_close_timeout=ENV_TIMEOUT, retry_policy=ENV_RETRY,
         )
@@ -112,7 +113,8 @@ class TrajectoryWorkflow:
             partial.mixed_versions = partial.mixed_versions or gen.mixed_versions
             self.phase = "step"
             step = await workflow.execute_activity(
-                "env.step", EnvStepRequest(trajectory_id=tid, action=gen.text),
+                "env.step",
+                EnvStepRequest(trajectory_id=tid, action=gen.text, latency=spec.latency),
                 result_type=EnvStepResult, task_queue=reset.worker_queue,
                 start_to_close_timeout=ENV_TIMEOUT, retry_policy=ENV_RETRY,
             )

@@ -1,0 +1,158 @@
+"""Sync vs one-off vs async (alpha 1, 2) training under long-tail environment latency.
+
+Side by side in one process, on one dev server (SQLite) and one vLLM engine: FrozenLake with
+injected latency (lognormal env steps, a share of very slow resets), each mode trained until the
+batch success rate reaches the target or the iteration cap. Throughput is trained trajectories
+(and their sampled tokens) per second of run wall time; time-to-score is the wall time until the
+first batch at the target. Ratios are to sync.
+
+Run: .venv/bin/python benchmarks/async_vs_sync.py [--target 0.8] [--max-iterations 30]
+(writes results/async_vs_sync.json and async_vs_sync.md beside this file)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import socket
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+from rich.progress import Progress
+from rich.table import Table
+
+from rollart.config import load_config
+from rollart.contracts import TrainingStatus
+from rollart.policy.engine import PolicyEngine
+from rollart.policy.model import resolve_model_path
+from rollart.workers.devserver import DevServer
+from rollart.workers.fleet import in_process_fleet
+from rollart.workflows.training import TrainingInput, TrainingWorkflow
+
+HERE = Path(__file__).parent
+MODES = [("sync", {"algorithm.mode": "sync"}),
+         ("one_off", {"algorithm.mode": "one_off"}),
+         ("async1", {"algorithm.mode": "async", "algorithm.staleness": 1}),
+         ("async2", {"algorithm.mode": "async", "algorithm.staleness": 2})]
+LATENCY = {"step_median_s": 0.05, "step_sigma": 1.0, "slow_reset_share": 0.1,
+           "slow_reset_s": 3.0}
+console = Console()
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+async def run_mode(client, base: dict, name: str, overrides: dict) -> dict:
+    config = load_config(None, **base, **overrides,
+                         **{"run_dir": str(Path(base["run_dir"]) / name)})
+    started = time.perf_counter()
+    launched = None
+    handle = await client.start_workflow(
+        TrainingWorkflow.run, TrainingInput(config=config), id=f"bench-{name}",
+        task_queue=config.temporal.control_queue, result_type=TrainingStatus)
+    launched = (await handle.describe()).start_time
+    status = await handle.result()
+    wall = time.perf_counter() - started
+    hit = next((m for m in status.history
+                if m.success_rate >= config.algorithm.stop_at_success), None)
+    return {
+        "wall_s": wall,
+        "iterations": status.iteration,
+        "trained": status.ledger.trained,
+        "evicted": status.ledger.evicted,
+        "trajectories_per_s": status.ledger.trained / wall,
+        "tokens_per_s": sum(m.generated_tokens for m in status.history) / wall,
+        "time_to_score_s": (hit.ended_at - launched).total_seconds() if hit else None,
+        "final_success": status.history[-1].success_rate,
+        "trainer_idle_share": sum(m.trainer_idle_s for m in status.history)
+        / max(sum(m.step_s for m in status.history), 1e-9),
+        "lag_mean": sum(m.lag_mean for m in status.history) / len(status.history),
+        "stale_token_share": sum(m.stale_token_share for m in status.history)
+        / len(status.history),
+    }
+
+
+async def main(args: argparse.Namespace) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="rollart-async-"))
+    server = DevServer(work / "temporal.db", port=free_port(), ui_port=None).start()
+    engine = await PolicyEngine(resolve_model_path(None), load_config(None).engine).start()
+    base = {"temporal.address": server.address, "run_dir": str(work),
+            "algorithm.group_size": 8, "algorithm.batch_size": args.batch,
+            "algorithm.iterations": args.max_iterations,
+            "algorithm.stop_at_success": args.target, "env.latency": LATENCY}
+    results = {}
+    try:
+        async with in_process_fleet(load_config(None, **base), engine) as client:
+            with Progress(console=console) as progress:
+                task = progress.add_task("modes", total=len(MODES))
+                for name, overrides in MODES:
+                    progress.update(task, description=f"training ({name})")
+                    results[name] = await run_mode(client, base, name, overrides)
+                    progress.advance(task)
+    finally:
+        engine.shutdown()
+        server.stop()
+    return results
+
+
+def report(results: dict, args: argparse.Namespace) -> None:
+    sync = results["sync"]
+
+    def ratio(name: str, key: str, invert: bool = False) -> float | None:
+        a, b = results[name][key], sync[key]
+        if a is None or b is None:
+            return None
+        return b / a if invert else a / b
+
+    summary = {
+        "throughput_ratio_async1_vs_sync": ratio("async1", "trajectories_per_s"),
+        "tts_ratio_async1_vs_sync": ratio("async1", "time_to_score_s", invert=True),
+        "throughput_ratio_async2_vs_sync": ratio("async2", "trajectories_per_s"),
+        "throughput_ratio_one_off_vs_sync": ratio("one_off", "trajectories_per_s"),
+        "tts_ratio_one_off_vs_sync": ratio("one_off", "time_to_score_s", invert=True),
+        "tts_ratio_async2_vs_sync": ratio("async2", "time_to_score_s", invert=True),
+        "setup": {"batch_size": args.batch, "group_size": 8, "target": args.target,
+                  "max_iterations": args.max_iterations, "latency": LATENCY},
+        "modes": results,
+    }
+    table = Table(title="async vs sync, FrozenLake with long-tail env latency")
+    columns = ["mode", "traj/s", "x sync", "tok/s", "time to score s", "x sync", "iters",
+               "evicted", "idle share", "lag mean"]
+    for column in columns:
+        table.add_column(column, justify="right")
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+
+    def fmt(value, spec=".2f"):
+        return "-" if value is None else format(value, spec)
+
+    for name, r in results.items():
+        row = [name, fmt(r["trajectories_per_s"]), fmt(ratio(name, "trajectories_per_s")),
+               fmt(r["tokens_per_s"], ".1f"), fmt(r["time_to_score_s"], ".0f"),
+               fmt(ratio(name, "time_to_score_s", invert=True)), str(r["iterations"]),
+               str(r["evicted"]), fmt(r["trainer_idle_share"]), fmt(r["lag_mean"])]
+        table.add_row(*row)
+        lines.append("| " + " | ".join(row) + " |")
+    console.print(table)
+    out = HERE / "results" / "async_vs_sync.json"
+    out.parent.mkdir(exist_ok=True)
+    out.write_text(json.dumps(summary, indent=2) + "\n")
+    (HERE / "async_vs_sync.md").write_text(
+        "# Async vs sync\n\nCommand: `.venv/bin/python benchmarks/async_vs_sync.py "
+        f"--target {args.target} --max-iterations {args.max_iterations} --batch {args.batch}` "
+        f"({time.strftime('%Y-%m-%d')}, 2-core x86_64, no GPU). Env latency: {LATENCY}.\n\n"
+        + "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--target", type=float, default=0.8)
+    parser.add_argument("--max-iterations", type=int, default=30)
+    parser.add_argument("--batch", type=int, default=32)
+    arguments = parser.parse_args()
+    report(asyncio.run(main(arguments)), arguments)
