@@ -80,6 +80,10 @@ class AlgorithmConfig(StrictModel):
         "started while the previous one trains; async: groups started continuously, alpha below."
     )
     staleness: int = Field(1, ge=0, description="alpha for mode=async.")
+    batch_order: Literal["fifo", "first_complete"] = Field(
+        "fifo", description="fifo: a batch is the oldest groups by start order; first_complete: "
+        "whichever complete first (faster, but biased toward short episodes)."
+    )
     redundancy: int = Field(
         0, ge=0, description="Extra siblings per group; the first group_size to finish form it."
     )

@@ -39,15 +39,27 @@ def test_a_group_without_two_survivors_is_evicted():
     assert buffer.take(1, version=0) == []
 
 
+def test_fifo_waits_for_the_oldest_group_first_complete_does_not():
+    for order, expected in (("fifo", []), ("first_complete", ["young"])):
+        buffer = SampleBuffer(alpha=1, batch_order=order)
+        buffer.start_group("old", ["o1", "o2"], start_version=0, target=2)
+        buffer.start_group("young", ["y1", "y2"], start_version=0, target=2)
+        buffer.record(done("o1", "old"))
+        buffer.record(done("y1", "young"))
+        buffer.record(done("y2", "young"))
+        assert [g.group_id for g in buffer.take(1, version=0)] == expected
+
+
 @settings(max_examples=300, deadline=None)
 @given(alpha=st.integers(0, 3), per_batch=st.integers(1, 3), group_size=st.integers(2, 4),
-       redundancy=st.integers(0, 2), data=st.data())
+       redundancy=st.integers(0, 2), order=st.sampled_from(["fifo", "first_complete"]),
+       data=st.data())
 def test_no_trained_trajectory_ever_violates_alpha(alpha, per_batch, group_size, redundancy,
-                                                   data):
+                                                   order, data):
     """Random env latencies are random completion orders; random failures; the trainer takes a
     batch whenever one is ready. Nothing older than alpha is ever handed out, groups stay whole
     and the ledger always adds up."""
-    buffer = SampleBuffer(alpha=alpha)
+    buffer = SampleBuffer(alpha=alpha, batch_order=order)
     version, running, started_groups = 0, {}, 0
     cap = per_batch * (alpha + 1)
     for _ in range(data.draw(st.integers(20, 200))):

@@ -19,15 +19,17 @@ console = Console()
 
 def _table(status: TrainingStatus, elapsed_s: float) -> Table:
     ledger = status.ledger
-    table = Table(title=f"rollart  iteration {status.iteration}/{status.iterations}  "
-                        f"policy v{status.version}  {elapsed_s:.0f}s")
-    for column in ("iter", "reward", "success", "step s", "rollout s", "train s", "update s",
-                   "tok/s", "loss"):
+    table = Table(title=f"rollart  {status.mode} (alpha {status.alpha})  iteration "
+                        f"{status.iteration}/{status.iterations}  policy v{status.version}  "
+                        f"{elapsed_s:.0f}s")
+    for column in ("iter", "reward", "success", "step s", "idle s", "train s", "update s",
+                   "tok/s", "lag", "stale tok", "loss"):
         table.add_column(column, justify="right")
     for m in status.history[-8:]:
         table.add_row(str(m.iteration), f"{m.reward_mean:.3f}", f"{m.success_rate:.2f}",
-                      f"{m.step_s:.1f}", f"{m.rollout_s:.1f}", f"{m.train_s:.1f}",
-                      f"{m.weight_update_s:.2f}", f"{m.tokens_per_s:.0f}", f"{m.loss:.4f}")
+                      f"{m.step_s:.1f}", f"{m.trainer_idle_s:.1f}", f"{m.train_s:.1f}",
+                      f"{m.weight_update_s:.2f}", f"{m.tokens_per_s:.0f}",
+                      f"{m.lag_mean:.1f}", f"{m.stale_token_share:.2f}", f"{m.loss:.3f}")
     table.caption = (f"trajectories started {ledger.started}  trained {ledger.trained}  "
                      f"failed {ledger.failed}  evicted {ledger.evicted}  "
                      f"in flight {ledger.in_flight}")

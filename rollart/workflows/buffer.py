@@ -7,9 +7,17 @@ started = trained + failed + evicted + in flight always holds.
 
 The rule: a trajectory started when the rollout policy was version v0 may be trained on at
 version n only while n - v0 <= alpha. A group is as old as its oldest member.
+
+Which groups form a batch matters as much. Taking whichever groups finish first favours short
+episodes: in FrozenLake the successful ones are the long ones, so their groups finish last, age
+past alpha and are evicted (measured: 30% of trajectories evicted and no learning in 25
+iterations with alpha 1). So by default a batch is the oldest groups in start order
+("fifo"): membership is fixed when a group starts, not by how fast it ends.
 """
 
 from __future__ import annotations
+
+from typing import Literal
 
 from pydantic import BaseModel, Field
 
@@ -24,6 +32,7 @@ def admissible(start_version: int, version: int, alpha: int) -> bool:
 
 class Group(BaseModel):
     group_id: str
+    order: int = Field(description="Start order across the run.")
     start_version: int
     target: int = Field(description="Members needed to form the group (group_size).")
     in_flight: list[str] = Field(default_factory=list)
@@ -51,7 +60,9 @@ class Decision(BaseModel):
 
 class SampleBuffer(BaseModel):
     alpha: int
+    batch_order: Literal["fifo", "first_complete"] = "fifo"
     groups: dict[str, Group] = Field(default_factory=dict)
+    started_groups: int = 0
     ledger: Ledger = Field(default_factory=Ledger)
     late_results: int = 0
     redundant_cancelled: int = 0
@@ -59,8 +70,10 @@ class SampleBuffer(BaseModel):
 
     def start_group(self, group_id: str, trajectory_ids: list[str], start_version: int,
                     target: int) -> None:
-        self.groups[group_id] = Group(group_id=group_id, start_version=start_version,
-                                      target=target, in_flight=list(trajectory_ids))
+        self.groups[group_id] = Group(group_id=group_id, order=self.started_groups,
+                                      start_version=start_version, target=target,
+                                      in_flight=list(trajectory_ids))
+        self.started_groups += 1
         self.ledger.started += len(trajectory_ids)
 
     def owner(self, trajectory_id: str) -> Group | None:
@@ -94,18 +107,22 @@ class SampleBuffer(BaseModel):
             del self.groups[group.group_id]
         return decision
 
-    def ready_groups(self, version: int) -> list[Group]:
-        """Complete, admissible groups, oldest first."""
-        ready = [g for g in self.groups.values()
-                 if g.complete and admissible(g.start_version, version, self.alpha)]
-        return sorted(ready, key=lambda g: g.start_version)
+    def next_batch(self, count: int, version: int) -> list[Group]:
+        """The `count` groups the trainer would get now, or [] if they are not all ready:
+        fifo, the oldest groups by start order once all of them are complete; first_complete,
+        any complete groups, oldest first."""
+        live = sorted((g for g in self.groups.values()
+                       if admissible(g.start_version, version, self.alpha)),
+                      key=lambda g: g.order)
+        if self.batch_order == "fifo":
+            batch = live[:count]
+            return batch if len(batch) == count and all(g.complete for g in batch) else []
+        ready = [g for g in live if g.complete][:count]
+        return ready if len(ready) == count else []
 
     def take(self, count: int, version: int) -> list[Group]:
-        """Hand `count` groups to the trainer (all of them trained) or none if fewer are ready."""
-        ready = self.ready_groups(version)
-        if len(ready) < count:
-            return []
-        taken = ready[:count]
+        """Hand `count` groups to the trainer (all of them trained) or none if not ready."""
+        taken = self.next_batch(count, version)
         for group in taken:
             del self.groups[group.group_id]
             self.ledger.trained += len(group.completed)

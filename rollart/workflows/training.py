@@ -46,6 +46,7 @@ RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2
                     maximum_attempts=3)
 KEPT_HISTORY = 200
 KEPT_FAILURES = 20
+KEPT_REDUNDANT_IDS = 1000
 
 
 class TrainingState(BaseModel):
@@ -73,8 +74,8 @@ class TrainingWorkflow:
         # Set up before any handler runs: signals buffered across continue-as-new arrive with
         # the new run's first task.
         self.config = inp.config
-        self.state = inp.state or TrainingState(
-            buffer=SampleBuffer(alpha=inp.config.algorithm.alpha))
+        self.state = inp.state or TrainingState(buffer=SampleBuffer(
+            alpha=inp.config.algorithm.alpha, batch_order=inp.config.algorithm.batch_order))
         self.training = False
         self.stopping = False
         self.starting = 0
@@ -99,12 +100,12 @@ class TrainingWorkflow:
             state.redundant_cancelled.add(result)
         if result.status == "cancelled" and state.buffer.owner(result.trajectory_id) is None:
             return  # we cancelled it and counted it when we did
-        if result.status != "completed":
+        if result.status != "completed" and state.buffer.owner(result.trajectory_id):
             error = result.error or "cancelled outside the training run"
             state.failures = (state.failures + [error])[-KEPT_FAILURES:]
             result = result.model_copy(update={"status": "failed", "error": error})
         decision = state.buffer.record(result)
-        state.redundant_ids += decision.cancel
+        state.redundant_ids = (state.redundant_ids + decision.cancel)[-KEPT_REDUNDANT_IDS:]
         await self._cancel(decision.cancel)
 
     @workflow.run
@@ -208,7 +209,7 @@ class TrainingWorkflow:
         state, algo = self.state, cfg.algorithm
         started = workflow.now()
         await workflow.wait_condition(
-            lambda: len(state.buffer.ready_groups(state.version)) >= algo.groups_per_batch)
+            lambda: bool(state.buffer.next_batch(algo.groups_per_batch, state.version)))
         groups = state.buffer.take(algo.groups_per_batch, state.version)
         batch_ready = workflow.now()
         self.training = True
