@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollart.contracts import TrajectoryResult
-from rollart.workflows.buffer import SampleBuffer, admissible
+from rollart.workflows.buffer import SampleBuffer, admissible, groups_to_start
 
 
 def done(tid: str, group: str, status: str = "completed") -> TrajectoryResult:
@@ -93,3 +93,41 @@ def test_no_trained_trajectory_ever_violates_alpha(alpha, per_batch, group_size,
         assert buffer.in_flight == len(running)
     buffer.evict_all()
     assert buffer.ledger.in_flight == 0
+
+
+def test_supply_rule_per_mode():
+    # sync: a whole batch, never while training
+    assert groups_to_start("sync", 0, 4, outstanding=0, training=False) == 4
+    assert groups_to_start("sync", 0, 4, outstanding=0, training=True) == 0
+    # one_off: the next whole batch once the previous one is being trained... after the update
+    assert groups_to_start("one_off", 1, 4, outstanding=0, training=False) == 4
+    assert groups_to_start("one_off", 1, 4, outstanding=4, training=False) == 4
+    assert groups_to_start("one_off", 1, 4, outstanding=4, training=True) == 0
+    # async: group by group, up to alpha + 1 batches (alpha while training)
+    assert groups_to_start("async", 2, 4, outstanding=5, training=False) == 7
+    assert groups_to_start("async", 2, 4, outstanding=5, training=True) == 3
+
+
+@settings(max_examples=200, deadline=None)
+@given(alpha=st.integers(0, 3), per_batch=st.integers(1, 3),
+       mode=st.sampled_from(["sync", "one_off", "async"]), data=st.data())
+def test_fifo_supply_never_starts_a_group_that_must_go_stale(alpha, per_batch, mode, data):
+    """With every trajectory finishing (any order) before the trainer asks, fifo batches under
+    the supply rule train everything: nothing is evicted as stale."""
+    alpha = {"sync": 0, "one_off": 1}.get(mode, alpha)
+    buffer = SampleBuffer(alpha=alpha, batch_order="fifo")
+    count = 0
+    for version in range(data.draw(st.integers(3, 15))):
+        for training in (False, True):
+            for _ in range(groups_to_start(mode, alpha, per_batch, buffer.outstanding_groups(),
+                                           training)):
+                gid = f"g{count}"
+                count += 1
+                buffer.start_group(gid, [f"{gid}.a", f"{gid}.b"], version, 2)
+            if not training:
+                for group in list(buffer.groups.values()):
+                    for tid in list(group.in_flight):
+                        buffer.record(done(tid, group.group_id))
+                assert buffer.take(per_batch, version)
+        assert buffer.evict_stale(version + 1).cancel == []
+    assert buffer.stale_evicted == 0

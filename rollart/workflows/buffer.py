@@ -30,6 +30,19 @@ def admissible(start_version: int, version: int, alpha: int) -> bool:
     return version - start_version <= alpha
 
 
+def groups_to_start(mode: str, alpha: int, per_batch: int, outstanding: int,
+                    training: bool) -> int:
+    """How many groups the supply may start now. Batches are consumed in start order, one per
+    version, so a group started with B batches ahead of it is trained B versions later, and one
+    started while the trainer trains sees one version more: keeping at most
+    per_batch * (alpha + 1) groups outstanding, one batch fewer while training, means nothing
+    started is doomed to go stale. sync and one_off start whole batches."""
+    room = per_batch * (alpha + 1 - (1 if training else 0)) - outstanding
+    if mode == "async":
+        return max(room, 0)
+    return per_batch if room >= per_batch else 0
+
+
 class Group(BaseModel):
     group_id: str
     order: int = Field(description="Start order across the run.")

@@ -35,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
         UpdateWeightsResult,
     )
     from rollart.queues import pool_queue, replica_queue
-    from rollart.workflows.buffer import Group, SampleBuffer
+    from rollart.workflows.buffer import Group, SampleBuffer, groups_to_start
     from rollart.workflows.trajectory import DONE_SIGNAL, TrajectoryWorkflow
 
 TRAIN_TIMEOUT = timedelta(minutes=30)
@@ -155,15 +155,11 @@ class TrainingWorkflow:
         supply.cancel()
 
     def _groups_to_start(self, cfg: RunConfig) -> int:
-        algo, outstanding = cfg.algorithm, self.state.buffer.outstanding_groups()
-        per_batch = algo.groups_per_batch
         if self.stopping:
             return 0
-        if algo.mode == "sync":  # one batch at a time, never while training
-            return per_batch - outstanding if not self.training else 0
-        if algo.mode == "one_off":  # the next whole batch while the previous one trains
-            return per_batch if outstanding + per_batch <= 2 * per_batch else 0
-        return max(per_batch * (algo.alpha + 1) - outstanding, 0)
+        algo = cfg.algorithm
+        return groups_to_start(algo.mode, algo.alpha, algo.groups_per_batch,
+                               self.state.buffer.outstanding_groups(), self.training)
 
     async def _supply(self, cfg: RunConfig) -> None:
         while True:
