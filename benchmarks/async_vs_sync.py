@@ -49,10 +49,9 @@ def free_port() -> int:
 
 
 async def run_mode(client, base: dict, name: str, overrides: dict) -> dict:
-    config = load_config(None, **base, **overrides,
-                         **{"run_dir": str(Path(base["run_dir"]) / name)})
+    config = load_config(None, **{**base, **overrides,
+                                  "run_dir": str(Path(base["run_dir"]) / name)})
     started = time.perf_counter()
-    launched = None
     handle = await client.start_workflow(
         TrainingWorkflow.run, TrainingInput(config=config), id=f"bench-{name}",
         task_queue=config.temporal.control_queue, result_type=TrainingStatus)
