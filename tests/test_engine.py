@@ -70,3 +70,13 @@ async def test_weight_update_takes_effect_in_place(engine, model_path, tmp_path)
 def test_multi_token_actions_are_refused_for_constrained_decoding(engine):
     with pytest.raises(ValueError, match="constrain_to_actions"):
         engine.single_token_ids(["Left Right"])
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_missing_weights_fail_clearly_and_leave_the_engine_serving(engine, tmp_path):
+    version = engine.version
+    with pytest.raises(FileNotFoundError, match="weights for version 99 are not at"):
+        await engine.update_weights(99, str(tmp_path / "gone"))
+    assert engine.version == version
+    sample = await engine.generate(engine.encode(PROMPT), max_tokens=1, temperature=1.0)
+    assert sample.version == version

@@ -34,3 +34,15 @@ def test_a_new_run_starts_from_the_configured_model(model_path, tmp_path):
     activities.begin_run("run-b")
     assert activities.trainer.version == 0
     assert torch.equal(next(activities.trainer.model.parameters()), original)
+
+
+def test_publishing_keeps_the_current_and_previous_version_only(model_path, tmp_path):
+    activities = TrainActivities(Trainer(model_path, tmp_path, learning_rate=1e-3))
+    activities.begin_run("first")
+    for version in (29, 30):
+        activities.trainer.version = version
+        activities.trainer.publish()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v000029", "v000030"]
+    start = activities.begin_run("second")  # a new run's v0 sorts before the old versions
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v000000"]
+    assert start.weights_path.endswith("v000000")

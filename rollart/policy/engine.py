@@ -11,6 +11,7 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from rollart.config import EngineConfig
 
@@ -151,6 +152,8 @@ class PolicyEngine:
     async def update_weights(self, version: int, weights_path: str) -> float:
         """Suspend -> load -> resume. Requests in flight keep their tokens and recompute their KV
         under the new weights; returns the seconds generation was suspended."""
+        if not Path(weights_path, "config.json").is_file():
+            raise FileNotFoundError(f"weights for version {version} are not at {weights_path}")
         async with self._update_lock:
             started = time.perf_counter()
             await self.llm.pause_generation(mode="keep", clear_cache=False)

@@ -208,6 +208,8 @@ class Trainer:
         if path.exists():
             shutil.rmtree(path)
         staging.rename(path)
-        for old in sorted(self.weights_dir.glob("v[0-9]*"))[:-KEEP_VERSIONS]:
-            shutil.rmtree(old, ignore_errors=True)
+        keep = {f"v{v:06d}" for v in range(self.version - KEEP_VERSIONS + 1, self.version + 1)}
+        for old in self.weights_dir.glob("v[0-9]*"):
+            if old.name not in keep:  # by number: a new run's v0 must outlive the last run's
+                shutil.rmtree(old, ignore_errors=True)
         return path
