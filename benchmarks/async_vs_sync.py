@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import socket
 import tempfile
 import time
 from pathlib import Path
 
+from report import save
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
@@ -28,11 +27,10 @@ from rollart.config import load_config
 from rollart.contracts import TrainingStatus
 from rollart.policy.engine import PolicyEngine
 from rollart.policy.model import resolve_model_path
-from rollart.workers.devserver import DevServer
+from rollart.workers.devserver import DevServer, free_port
 from rollart.workers.fleet import in_process_fleet
 from rollart.workflows.training import TrainingInput, TrainingWorkflow
 
-HERE = Path(__file__).parent
 MODES = [("sync", {"algorithm.mode": "sync"}),
          ("one_off", {"algorithm.mode": "one_off"}),
          ("async1", {"algorithm.mode": "async", "algorithm.staleness": 1}),
@@ -41,11 +39,6 @@ LATENCY = {"step_median_s": 0.05, "step_sigma": 1.0, "slow_reset_share": 0.1,
            "slow_reset_s": 3.0}
 console = Console()
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 async def run_mode(client, base: dict, name: str, overrides: dict) -> dict:
@@ -138,14 +131,10 @@ def report(results: dict, args: argparse.Namespace) -> None:
         table.add_row(*row)
         lines.append("| " + " | ".join(row) + " |")
     console.print(table)
-    out = HERE / "results" / "async_vs_sync.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(summary, indent=2) + "\n")
-    (HERE / "async_vs_sync.md").write_text(
-        "# Async vs sync\n\nCommand: `.venv/bin/python benchmarks/async_vs_sync.py "
-        f"--target {args.target} --max-iterations {args.max_iterations} --batch {args.batch}` "
-        f"({time.strftime('%Y-%m-%d')}, 2-core x86_64, no GPU). Env latency: {LATENCY}.\n\n"
-        + "\n".join(lines) + "\n")
+    save("async_vs_sync", summary, "Async vs sync",
+         f".venv/bin/python benchmarks/async_vs_sync.py --target {args.target} "
+         f"--max-iterations {args.max_iterations} --batch {args.batch}",
+         [f"Env latency: {LATENCY}.", "", *lines])
 
 
 if __name__ == "__main__":

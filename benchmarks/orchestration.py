@@ -14,12 +14,11 @@ orchestration.md beside this file)
 from __future__ import annotations
 
 import asyncio
-import json
-import socket
 import tempfile
 import time
 from pathlib import Path
 
+from report import save
 from rich.console import Console
 from rich.table import Table
 
@@ -30,22 +29,16 @@ from rollart.policy.engine import PolicyEngine
 from rollart.policy.model import resolve_model_path
 from rollart.queues import pool_queue, replica_queue
 from rollart.store import TrajectoryStore, TurnRecord
-from rollart.workers.devserver import DevServer
+from rollart.workers.devserver import DevServer, free_port
 from rollart.workers.fleet import in_process_fleet
 from rollart.workflows.training import TrainingInput, TrainingWorkflow
 from rollart.workflows.trajectory import TrajectoryWorkflow
 
-HERE = Path(__file__).parent
 LATENCY_TURNS = 50
 CONCURRENT, CONCURRENT_TURNS = 64, 10
 TRAIN_ITERATIONS = 3
 console = Console()
 
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def spec(config, tid: str, turns: int) -> TrajectorySpec:
@@ -164,12 +157,8 @@ def report(results: dict) -> None:
     table.caption = f"direct loop / Temporal throughput: {ratio:.1f}x"
     lines.append(f"\nDirect loop over Temporal throughput: {ratio:.1f}x.")
     console.print(table)
-    out = HERE / "results" / "orchestration.json"
-    out.parent.mkdir(exist_ok=True)
-    out.write_text(json.dumps(results, indent=2) + "\n")
-    (HERE / "orchestration.md").write_text(
-        "# Orchestration benchmark\n\nCommand: `.venv/bin/python benchmarks/orchestration.py` "
-        f"({time.strftime('%Y-%m-%d')}, 2-core x86_64, no GPU).\n\n" + "\n".join(lines) + "\n")
+    save("orchestration", results, "Orchestration benchmark",
+         ".venv/bin/python benchmarks/orchestration.py", lines)
 
 
 if __name__ == "__main__":

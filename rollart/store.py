@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 from pathlib import Path
 
 from pydantic import BaseModel, Field
@@ -59,9 +58,3 @@ class TrajectoryStore:
         for record in self.read(trajectory_id, before_turn):
             ids += record.observation_ids + record.sampled_ids
         return ids
-
-    def size_bytes(self, trajectory_id: str) -> int:
-        return sum(p.stat().st_size for p in self._dir(trajectory_id).glob("turn_*.json"))
-
-    def delete(self, trajectory_id: str) -> None:
-        shutil.rmtree(self._dir(trajectory_id), ignore_errors=True)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import socket
 from pathlib import Path
 
 import pytest
@@ -10,13 +9,7 @@ import pytest_asyncio
 
 from rollart.config import RunConfig, load_config
 from rollart.policy.model import resolve_model_path
-from rollart.workers.devserver import DevServer
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+from rollart.workers.devserver import DevServer, free_port
 
 
 @pytest.fixture(scope="session")

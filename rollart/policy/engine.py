@@ -146,9 +146,6 @@ class PolicyEngine:
     def running_requests(self) -> int:
         return len(self._in_flight)
 
-    async def abort(self, request_id: str) -> None:
-        await self.llm.abort(request_id)
-
     async def update_weights(self, version: int, weights_path: str) -> float:
         """Suspend -> load -> resume. Requests in flight keep their tokens and recompute their KV
         under the new weights; returns the seconds generation was suspended."""

@@ -38,8 +38,3 @@ class WeightSyncExtension:
             return False
         model.lm_head.weight.data.copy_(model.model.embed_tokens.weight.data)
         return True
-
-    def weight_sums(self) -> dict[str, float]:
-        """Sum of each parameter, to check what the engine really holds."""
-        return {name: float(p.detach().double().sum())
-                for name, p in self.model_runner.model.named_parameters()}

@@ -20,6 +20,13 @@ def temporal_binary() -> str:
     return found
 
 
+def free_port() -> int:
+    """A port on 127.0.0.1 nothing listens on now (for servers in tests and benchmarks)."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def port_open(host: str, port: int) -> bool:
     with socket.socket() as sock:
         sock.settimeout(0.2)

@@ -78,7 +78,6 @@ class SampleBuffer(BaseModel):
     started_groups: int = 0
     ledger: Ledger = Field(default_factory=Ledger)
     late_results: int = 0
-    redundant_cancelled: int = 0
     stale_evicted: int = 0
 
     def start_group(self, group_id: str, trajectory_ids: list[str], start_version: int,
@@ -109,7 +108,6 @@ class SampleBuffer(BaseModel):
             if len(group.completed) >= group.target and group.in_flight:
                 decision.cancel = list(group.in_flight)  # redundant siblings
                 self.ledger.evicted += len(group.in_flight)
-                self.redundant_cancelled += len(group.in_flight)
                 group.in_flight = []
         else:
             group.failed += 1
