@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import math
 
 import pytest
@@ -80,3 +81,26 @@ async def test_missing_weights_fail_clearly_and_leave_the_engine_serving(engine,
     assert engine.version == version
     sample = await engine.generate(engine.encode(PROMPT), max_tokens=1, temperature=1.0)
     assert sample.version == version
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_a_request_in_flight_continues_under_the_new_version(engine, model_path):
+    """Suspend -> update -> resume: the request keeps the tokens it had and samples the rest
+    under the new weights; each token records the version that sampled it."""
+    before = engine.version
+    request = asyncio.ensure_future(engine.generate(
+        engine.encode(PROMPT), max_tokens=400, temperature=1.0, ignore_eos=True,
+        request_id="in-flight-1"))
+    for _ in range(2000):
+        progress = engine._in_flight.get("in-flight-1")
+        if progress is not None and progress.produced >= 5:
+            break
+        await asyncio.sleep(0.002)
+    await engine.update_weights(before + 1, model_path)
+    sample = await request
+    assert len(sample.token_ids) == 400
+    assert sample.versions[0] == before and sample.versions[-1] == before + 1
+    switch = sample.versions.index(before + 1)
+    assert 5 <= switch < 400
+    assert sample.versions == [before] * switch + [before + 1] * (400 - switch)
+    assert all(math.isfinite(lp) for lp in sample.logprobs)

@@ -102,6 +102,7 @@ class PolicyEngine:
         temperature: float,
         allowed_token_ids: list[int] | None = None,
         request_id: str | None = None,
+        ignore_eos: bool = False,
     ) -> Sample:
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
@@ -112,6 +113,7 @@ class PolicyEngine:
             max_tokens=max_tokens,
             logprobs=0,
             allowed_token_ids=allowed_token_ids,
+            ignore_eos=ignore_eos,
             output_kind=RequestOutputKind.CUMULATIVE,
             detokenize=False,
         )
