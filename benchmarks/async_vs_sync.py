@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import tempfile
 import time
 from pathlib import Path
@@ -24,12 +25,15 @@ from rich.progress import Progress
 from rich.table import Table
 
 from rollart.config import load_config
-from rollart.contracts import TrainingStatus
+from rollart.contracts import TrainingStatus, TrajectorySpec
 from rollart.policy.engine import PolicyEngine
 from rollart.policy.model import resolve_model_path
+from rollart.queues import pool_queue, replica_queue
 from rollart.workers.devserver import DevServer, free_port
 from rollart.workers.fleet import in_process_fleet
+from rollart.workflows.batch_rollout import BatchRolloutWorkflow
 from rollart.workflows.training import TrainingInput, TrainingWorkflow
+from rollart.workflows.trajectory import TrajectoryWorkflow
 
 MODES = [("sync", {"algorithm.mode": "sync"}),
          ("one_off", {"algorithm.mode": "one_off"}),
@@ -70,6 +74,41 @@ async def run_mode(client, base: dict, name: str, overrides: dict) -> dict:
     }
 
 
+SCHEDULING_SIGMAS = {"low_variance": 0.25, "high_variance": 1.5}
+SCHEDULING_TRAJECTORIES, SCHEDULING_TURNS = 32, 8
+
+
+async def scheduling(client, base: dict) -> dict:
+    """Trajectory-level (one workflow per trajectory, each at its own pace) vs batch-level
+    (lockstep turns) rollout of the same fixed-length episodes, as env latency variance grows."""
+    results = {}
+    for label, sigma in SCHEDULING_SIGMAS.items():
+        latency = {"step_median_s": 0.05, "step_sigma": sigma}
+        config = load_config(None, **{**base, "env.latency": latency, "env.name": "corridor",
+                                      "env.max_turns": SCHEDULING_TURNS})
+        specs = [TrajectorySpec(
+            trajectory_id=f"sched-{label}-{kind}-{i}", group_id="g", seed=i, env_name="corridor",
+            max_turns=SCHEDULING_TURNS, env_queue=pool_queue("env", "cpu"),
+            gen_queue=replica_queue("gen", "cpu", 0), reward_queue=pool_queue("reward", "cpu"),
+            store_dir=str(config.store_dir), sampling=config.sampling, latency=config.env.latency)
+            for kind in ("traj", "batch") for i in range(SCHEDULING_TRAJECTORIES)]
+        queue = config.temporal.control_queue
+        started = time.perf_counter()
+        await asyncio.gather(*(
+            client.execute_workflow(TrajectoryWorkflow.run, spec, id=spec.trajectory_id,
+                                    task_queue=queue)
+            for spec in specs[:SCHEDULING_TRAJECTORIES]))
+        trajectory_s = time.perf_counter() - started
+        started = time.perf_counter()
+        await client.execute_workflow(BatchRolloutWorkflow.run,
+                                      specs[SCHEDULING_TRAJECTORIES:],
+                                      id=f"sched-{label}-batch", task_queue=queue)
+        batch_s = time.perf_counter() - started
+        results[label] = {"step_sigma": sigma, "trajectory_level_s": trajectory_s,
+                          "batch_level_s": batch_s, "ratio": batch_s / trajectory_s}
+    return results
+
+
 async def main(args: argparse.Namespace) -> dict:
     work = Path(tempfile.mkdtemp(prefix="rollart-async-"))
     server = DevServer(work / "temporal.db", port=free_port(), ui_port=None).start()
@@ -81,6 +120,9 @@ async def main(args: argparse.Namespace) -> dict:
     results = {}
     try:
         async with in_process_fleet(load_config(None, **base), engine) as client:
+            results["scheduling"] = await scheduling(client, base)
+            if args.scheduling_only:
+                return results
             with Progress(console=console) as progress:
                 task = progress.add_task("modes", total=len(MODES))
                 for name, overrides in MODES:
@@ -93,7 +135,36 @@ async def main(args: argparse.Namespace) -> dict:
     return results
 
 
+SCHEDULING_HEADING = "## Trajectory- vs batch-level scheduling"
+
+
+def scheduling_lines(sched: dict) -> list[str]:
+    lines = [SCHEDULING_HEADING, "",
+             f"{SCHEDULING_TRAJECTORIES} corridor episodes of {SCHEDULING_TURNS} turns, "
+             "lognormal env steps (median 50 ms); batch-level = all trajectories take each turn "
+             "together.", "",
+             "| env step sigma | trajectory-level s | batch-level s | batch / trajectory |",
+             "|---|---|---|---|"]
+    lines += [f"| {r['step_sigma']} | {r['trajectory_level_s']:.1f} | {r['batch_level_s']:.1f} "
+              f"| {r['ratio']:.2f} |" for r in sched.values()]
+    return lines
+
+
 def report(results: dict, args: argparse.Namespace) -> None:
+    sched = results.pop("scheduling")
+    console.print({label: round(r["ratio"], 2) for label, r in sched.items()})
+    if args.scheduling_only:  # keep the training comparison from the last full run
+        here = Path(__file__).parent
+        out = here / "results" / "async_vs_sync.json"
+        summary = json.loads(out.read_text())
+        summary["traj_vs_batch_ratio_high_variance"] = sched["high_variance"]["ratio"]
+        summary["traj_vs_batch_ratio_low_variance"] = sched["low_variance"]["ratio"]
+        summary["scheduling"] = sched
+        out.write_text(json.dumps(summary, indent=2) + "\n")
+        markdown = here / "async_vs_sync.md"
+        kept = markdown.read_text().split(SCHEDULING_HEADING)[0].rstrip()
+        markdown.write_text(kept + "\n\n" + "\n".join(scheduling_lines(sched)) + "\n")
+        return
     sync = results["sync"]
 
     def ratio(name: str, key: str, invert: bool = False) -> float | None:
@@ -103,6 +174,9 @@ def report(results: dict, args: argparse.Namespace) -> None:
         return b / a if invert else a / b
 
     summary = {
+        "traj_vs_batch_ratio_high_variance": sched["high_variance"]["ratio"],
+        "traj_vs_batch_ratio_low_variance": sched["low_variance"]["ratio"],
+        "scheduling": sched,
         "throughput_ratio_async1_vs_sync": ratio("async1", "trajectories_per_s"),
         "tts_ratio_async1_vs_sync": ratio("async1", "time_to_score_s", invert=True),
         "throughput_ratio_async2_vs_sync": ratio("async2", "trajectories_per_s"),
@@ -134,7 +208,7 @@ def report(results: dict, args: argparse.Namespace) -> None:
     save("async_vs_sync", summary, "Async vs sync",
          f".venv/bin/python benchmarks/async_vs_sync.py --target {args.target} "
          f"--max-iterations {args.max_iterations} --batch {args.batch}",
-         [f"Env latency: {LATENCY}.", "", *lines])
+         [f"Env latency: {LATENCY}.", "", *lines, "", *scheduling_lines(sched)])
 
 
 if __name__ == "__main__":
@@ -142,5 +216,7 @@ if __name__ == "__main__":
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--max-iterations", type=int, default=30)
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--scheduling-only", action="store_true",
+                        help="only trajectory- vs batch-level scheduling; merged into the JSON")
     arguments = parser.parse_args()
     report(asyncio.run(main(arguments)), arguments)

@@ -18,6 +18,7 @@ from rollart.contracts import GenerateRequest, TrajectoryResult, TrajectorySpec
 from rollart.queues import pool_queue, replica_queue
 from rollart.store import TrajectoryStore
 from rollart.workers.fleet import in_process_fleet
+from rollart.workflows.batch_rollout import BatchRolloutWorkflow
 from rollart.workflows.trajectory import TrajectoryWorkflow
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -128,3 +129,17 @@ async def test_cancelled_generate_aborts_the_engine_request(engine, tmp_path):
         await engine.llm.resume_generation()
     assert engine.running_requests == 0
     assert engine.llm.output_processor.get_num_unfinished_requests() == 0
+
+
+async def test_batch_rollout_steps_every_trajectory_in_lockstep(temporal_server, engine,
+                                                                tmp_path):
+    config = make_config(temporal_server, tmp_path)
+    specs = [spec_for(config, f"lockstep-{i}", "corridor", 4) for i in range(3)]
+    async with in_process_fleet(config, engine, ROLLOUT_ROLES) as client:
+        results = await client.execute_workflow(
+            BatchRolloutWorkflow.run, specs, id="lockstep", result_type=list[TrajectoryResult],
+            task_queue=config.temporal.control_queue,
+        )
+    assert [r.turns for r in results] == [4, 4, 4]
+    store = TrajectoryStore(config.store_dir)
+    assert all(len(store.read(f"lockstep-{i}")) == 4 for i in range(3))

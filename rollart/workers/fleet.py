@@ -79,11 +79,12 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
     """The temporalio Workers one process of this role runs; `engine` reuses a started one."""
     closers = [] if closers is None else closers
     if role == "control":
+        from rollart.workflows.batch_rollout import BatchRolloutWorkflow
         from rollart.workflows.training import TrainingWorkflow
         from rollart.workflows.trajectory import TrajectoryWorkflow
 
         return [Worker(client, task_queue=config.temporal.control_queue,
-                       workflows=[TrainingWorkflow, TrajectoryWorkflow])]
+                       workflows=[TrainingWorkflow, TrajectoryWorkflow, BatchRolloutWorkflow])]
     if role == "env":
         from rollart.activities.env import EnvActivities
 

@@ -42,6 +42,56 @@ CONTEXT_FULL = "context_full"
 DONE_SIGNAL = "trajectory_done"
 
 
+async def reset_env(spec: TrajectorySpec) -> EnvResetResult:
+    return await workflow.execute_activity(
+        "env.reset",
+        EnvResetRequest(trajectory_id=spec.trajectory_id, env_name=spec.env_name,
+                        env_kwargs=spec.env_kwargs, seed=spec.seed, latency=spec.latency),
+        result_type=EnvResetResult, task_queue=spec.env_queue,
+        start_to_close_timeout=ENV_TIMEOUT, retry_policy=ENV_RETRY,
+    )
+
+
+async def generate_turn(spec: TrajectorySpec, turn: int, observation: str,
+                        action_vocabulary: list[str] | None) -> GenerateResult:
+    return await workflow.execute_activity(
+        "gen.generate",
+        GenerateRequest(trajectory_id=spec.trajectory_id, turn=turn, observation=observation,
+                        store_dir=spec.store_dir, sampling=spec.sampling,
+                        action_vocabulary=action_vocabulary),
+        result_type=GenerateResult, task_queue=spec.gen_queue,
+        start_to_close_timeout=GENERATE_TIMEOUT, heartbeat_timeout=GENERATE_HEARTBEAT,
+        retry_policy=GENERATE_RETRY,
+    )
+
+
+async def step_env(spec: TrajectorySpec, worker_queue: str, action: str) -> EnvStepResult:
+    return await workflow.execute_activity(
+        "env.step",
+        EnvStepRequest(trajectory_id=spec.trajectory_id, action=action, latency=spec.latency),
+        result_type=EnvStepResult, task_queue=worker_queue,
+        start_to_close_timeout=ENV_TIMEOUT, retry_policy=ENV_RETRY,
+    )
+
+
+async def close_env(spec: TrajectorySpec, worker_queue: str) -> None:
+    await workflow.execute_activity(
+        "env.close", spec.trajectory_id, task_queue=worker_queue,
+        start_to_close_timeout=ENV_TIMEOUT, retry_policy=ENV_RETRY,
+    )
+
+
+async def score(spec: TrajectorySpec, rewards: list[float],
+                info: dict[str, object]) -> RewardResult:
+    return await workflow.execute_activity(
+        "reward.compute",
+        RewardRequest(trajectory_id=spec.trajectory_id, env_name=spec.env_name,
+                      env_rewards=rewards, final_info=info),
+        result_type=RewardResult, task_queue=spec.reward_queue,
+        start_to_close_timeout=REWARD_TIMEOUT, retry_policy=ENV_RETRY,
+    )
+
+
 @workflow.defn
 class TrajectoryWorkflow:
     def __init__(self) -> None:
@@ -82,28 +132,13 @@ class TrajectoryWorkflow:
         raise ApplicationError(message, type="TrajectoryFailed", non_retryable=True) from err
 
     async def _episode(self, spec: TrajectorySpec) -> TrajectoryResult:
-        tid, partial = spec.trajectory_id, self.partial
-        reset = await workflow.execute_activity(
-            "env.reset",
-            EnvResetRequest(trajectory_id=tid, env_name=spec.env_name,
-                            env_kwargs=spec.env_kwargs, seed=spec.seed,
-                            latency=spec.latency),
-            result_type=EnvResetResult, task_queue=spec.env_queue,
-            start_to_close_timeout=ENV_TIMEOUT, retry_policy=ENV_RETRY,
-        )
+        partial = self.partial
+        reset = await reset_env(spec)
         self.env_queue, self.open_env = reset.worker_queue, True
         observation, rewards, info, versions = reset.observation, [], {}, set()
         for self.turn in range(spec.max_turns):
             self.phase = "generate"
-            gen = await workflow.execute_activity(
-                "gen.generate",
-                GenerateRequest(trajectory_id=tid, turn=self.turn, observation=observation,
-                                store_dir=spec.store_dir, sampling=spec.sampling,
-                                action_vocabulary=reset.action_vocabulary),
-                result_type=GenerateResult, task_queue=spec.gen_queue,
-                start_to_close_timeout=GENERATE_TIMEOUT, heartbeat_timeout=GENERATE_HEARTBEAT,
-                retry_policy=GENERATE_RETRY,
-            )
+            gen = await generate_turn(spec, self.turn, observation, reset.action_vocabulary)
             if gen.finish_reason == CONTEXT_FULL:
                 break
             versions.add(gen.version)
@@ -112,12 +147,7 @@ class TrajectoryWorkflow:
             partial.end_version = max(partial.end_version, gen.version)
             partial.mixed_versions = partial.mixed_versions or gen.mixed_versions
             self.phase = "step"
-            step = await workflow.execute_activity(
-                "env.step",
-                EnvStepRequest(trajectory_id=tid, action=gen.text, latency=spec.latency),
-                result_type=EnvStepResult, task_queue=reset.worker_queue,
-                start_to_close_timeout=ENV_TIMEOUT, retry_policy=ENV_RETRY,
-            )
+            step = await step_env(spec, reset.worker_queue, gen.text)
             observation, info = step.observation, step.info
             rewards.append(step.reward)
             partial.reward = float(sum(rewards))
@@ -126,13 +156,7 @@ class TrajectoryWorkflow:
                 break
         await self._release_env(spec)
         self.phase = "reward"
-        reward = await workflow.execute_activity(
-            "reward.compute",
-            RewardRequest(trajectory_id=tid, env_name=spec.env_name, env_rewards=rewards,
-                          final_info=info),
-            result_type=RewardResult, task_queue=spec.reward_queue,
-            start_to_close_timeout=REWARD_TIMEOUT, retry_policy=ENV_RETRY,
-        )
+        reward = await score(spec, rewards, info)
         self.phase = "done"
         return partial.model_copy(update={
             "status": "completed", "reward": reward.reward, "success": reward.success,
@@ -143,10 +167,7 @@ class TrajectoryWorkflow:
         if not self.open_env:
             return
         self.open_env = False
-        await workflow.execute_activity(
-            "env.close", spec.trajectory_id, task_queue=self.env_queue,
-            start_to_close_timeout=ENV_TIMEOUT, retry_policy=ENV_RETRY,
-        )
+        await close_env(spec, self.env_queue)
 
     async def _report(self, result: TrajectoryResult) -> None:
         parent = workflow.info().parent
