@@ -28,7 +28,6 @@ from rollart.config import load_config
 from rollart.contracts import TrainingStatus, TrajectorySpec
 from rollart.policy.engine import PolicyEngine
 from rollart.policy.model import resolve_model_path
-from rollart.queues import pool_queue, replica_queue
 from rollart.workers.devserver import DevServer, free_port
 from rollart.workers.fleet import in_process_fleet
 from rollart.workflows.batch_rollout import BatchRolloutWorkflow
@@ -84,14 +83,12 @@ async def scheduling(client, base: dict) -> dict:
     results = {}
     for label, sigma in SCHEDULING_SIGMAS.items():
         latency = {"step_median_s": 0.05, "step_sigma": sigma}
-        config = load_config(None, **{**base, "env.latency": latency, "env.name": "corridor",
-                                      "env.max_turns": SCHEDULING_TURNS})
-        specs = [TrajectorySpec(
-            trajectory_id=f"sched-{label}-{kind}-{i}", group_id="g", seed=i, env_name="corridor",
-            max_turns=SCHEDULING_TURNS, env_queue=pool_queue("env", "cpu"),
-            gen_queue=replica_queue("gen", "cpu", 0), reward_queue=pool_queue("reward", "cpu"),
-            store_dir=str(config.store_dir), sampling=config.sampling, latency=config.env.latency)
-            for kind in ("traj", "batch") for i in range(SCHEDULING_TRAJECTORIES)]
+        config = load_config(None, **{**base, "domains.frozenlake.latency": latency,
+                                      "domains.frozenlake.env": "corridor",
+                                      "domains.frozenlake.max_turns": SCHEDULING_TURNS})
+        specs = [TrajectorySpec.for_domain(config, "frozenlake", f"sched-{label}-{kind}-{i}",
+                                           "g", seed=i)
+                 for kind in ("traj", "batch") for i in range(SCHEDULING_TRAJECTORIES)]
         queue = config.temporal.control_queue
         started = time.perf_counter()
         await asyncio.gather(*(
@@ -116,7 +113,7 @@ async def main(args: argparse.Namespace) -> dict:
     base = {"temporal.address": server.address, "run_dir": str(work),
             "algorithm.group_size": 8, "algorithm.batch_size": args.batch,
             "algorithm.iterations": args.max_iterations,
-            "algorithm.stop_at_success": args.target, "env.latency": LATENCY}
+            "algorithm.stop_at_success": args.target, "domains.frozenlake.latency": LATENCY}
     results = {}
     try:
         async with in_process_fleet(load_config(None, **base), engine) as client:

@@ -27,7 +27,6 @@ from rollart.contracts import TrainingStatus, TrajectoryResult, TrajectorySpec
 from rollart.envs import make_env
 from rollart.policy.engine import PolicyEngine
 from rollart.policy.model import resolve_model_path
-from rollart.queues import pool_queue, replica_queue
 from rollart.store import TrajectoryStore, TurnRecord
 from rollart.workers.devserver import DevServer, free_port
 from rollart.workers.fleet import in_process_fleet
@@ -42,12 +41,8 @@ console = Console()
 
 
 def spec(config, tid: str, turns: int) -> TrajectorySpec:
-    return TrajectorySpec(
-        trajectory_id=tid, group_id=tid, seed=0, env_name="corridor", max_turns=turns,
-        env_queue=pool_queue("env", "cpu"), gen_queue=replica_queue("gen", "cpu", 0),
-        reward_queue=pool_queue("reward", "cpu"), store_dir=str(config.store_dir),
-        sampling=config.sampling,
-    )
+    return TrajectorySpec.for_domain(config, "frozenlake", tid, tid, seed=0).model_copy(
+        update={"env_name": "corridor", "max_turns": turns})
 
 
 async def direct_trajectory(engine: PolicyEngine, store: TrajectoryStore, tid: str,

@@ -52,14 +52,45 @@ class InjectedLatency(StrictModel):
     slow_reset_s: float = Field(0.0, ge=0)
 
 
-class EnvConfig(StrictModel):
-    name: str = "frozenlake"
+class DomainConfig(StrictModel):
+    """A task domain: an environment, how often it is sampled, and the pools that serve it.
+
+    `gen_pool` is the domain's hardware affinity (e.g. prefill-heavy multi-turn work on a compute
+    pool, decode-heavy answers on a bandwidth pool); `gen_fallback` lists the pools its requests
+    go to, in order, while that pool has no live replica.
+    """
+
+    env: str | None = Field(None, description="A registered environment; None: the domain name.")
     kwargs: dict[str, object] = Field(default_factory=dict)
+    weight: float = Field(1.0, gt=0, description="Relative share of groups from this domain.")
     max_turns: int = Field(10, ge=1)
+    max_tokens_per_turn: int | None = Field(
+        None, ge=1, description="Overrides sampling.max_tokens_per_turn for free-text answers.")
     pool: str = "cpu"
     gen_pool: str = "cpu"
+    gen_fallback: list[str] = Field(default_factory=list)
     reward_pool: str = "cpu"
     latency: InjectedLatency = Field(default_factory=InjectedLatency)
+
+
+class RoutingConfig(StrictModel):
+    """How a generate call picks a replica (see rollart.workflows.routing)."""
+
+    policy: Literal["cache_aware", "round_robin", "least_loaded"] = "cache_aware"
+    balance_abs_threshold: int = Field(
+        8, ge=0, description="cache_aware: loads (requests in flight) may differ by this much "
+        "before a trajectory leaves the replica that holds its prefix ...")
+    balance_rel_threshold: float = Field(
+        1.5, ge=1, description="... and the busiest replica must carry this many times the "
+        "least busy one's load.")
+    progress_tokens: int = Field(
+        512, ge=1, description="cache_aware: every this many context tokens a trajectory holds "
+        "on its replica add one to the imbalance it tolerates before moving.")
+    schedule_to_start_s: float = Field(
+        30.0, gt=0, description="A request no replica worker picks up within this is re-routed "
+        "and its replica marked down.")
+    down_s: float = Field(10.0, gt=0, description="A replica marked down is probed again after "
+                          "this; traffic returns once a probe is served.")
 
 
 class AlgorithmConfig(StrictModel):
@@ -145,10 +176,16 @@ def default_pools() -> list[PoolConfig]:
 
 class RunConfig(StrictModel):
     run_dir: str = "runs/latest"
+    plugins: list[str] = Field(
+        default_factory=list, description="Modules or .py files every worker imports first, so "
+        "their @register_env / @register_reward classes are known (see rollart.envs.plugins).")
     model: ModelConfig = Field(default_factory=ModelConfig)
     engine: EngineConfig = Field(default_factory=EngineConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
-    env: EnvConfig = Field(default_factory=EnvConfig)
+    domains: dict[str, DomainConfig] = Field(
+        default_factory=lambda: {"frozenlake": DomainConfig()},
+        description="Task domains trained together, keyed by a name used in metrics.")
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     pools: list[PoolConfig] = Field(default_factory=default_pools)
@@ -159,17 +196,35 @@ class RunConfig(StrictModel):
         declared = {(p.role, p.name) for p in self.pools}
         if len(declared) != len(self.pools):
             raise ValueError("pools: each (role, name) pair may be declared once")
-        for field, role in (("pool", "env"), ("gen_pool", "gen"), ("reward_pool", "reward")):
-            name = getattr(self.env, field)
-            if (role, name) not in declared:
-                known = sorted(p.name for p in self.pools if p.role == role)
-                raise ValueError(f"env.{field}: unknown {role} pool {name!r} (declared: {known})")
+        if not self.domains:
+            raise ValueError("domains: at least one task domain is needed")
+        for key, domain in self.domains.items():
+            if domain.env is None:
+                domain.env = key
+            references = [("pool", "env", domain.pool), ("gen_pool", "gen", domain.gen_pool),
+                          ("reward_pool", "reward", domain.reward_pool)]
+            references += [("gen_fallback", "gen", name) for name in domain.gen_fallback]
+            for field, role, name in references:
+                if (role, name) not in declared:
+                    known = sorted(p.name for p in self.pools if p.role == role)
+                    raise ValueError(f"domains.{key}.{field}: unknown {role} pool {name!r} "
+                                     f"(declared: {known})")
         if ("train", self.trainer.pool) not in declared:
             raise ValueError(f"trainer.pool: unknown train pool {self.trainer.pool!r}")
         return self
 
     def pool(self, role: Role, name: str) -> PoolConfig:
         return next(p for p in self.pools if p.role == role and p.name == name)
+
+    def gen_pools(self, domain: DomainConfig) -> list[PoolConfig]:
+        """The domain's generation pool, then its fallbacks, in routing order."""
+        return [self.pool("gen", name) for name in dict.fromkeys(
+            [domain.gen_pool, *domain.gen_fallback])]
+
+    def serving_gen_pools(self) -> list[PoolConfig]:
+        """Every generation pool some domain may send requests to (each needs weight updates)."""
+        names = dict.fromkeys(p.name for d in self.domains.values() for p in self.gen_pools(d))
+        return [self.pool("gen", name) for name in names]
 
     @property
     def store_dir(self) -> Path:

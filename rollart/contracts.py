@@ -11,7 +11,14 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from rollart.config import AlgorithmConfig, InjectedLatency, SamplingConfig
+from rollart.config import (
+    AlgorithmConfig,
+    InjectedLatency,
+    RoutingConfig,
+    RunConfig,
+    SamplingConfig,
+)
+from rollart.queues import pool_queue
 
 TrajectoryStatus = Literal["completed", "failed", "cancelled"]
 
@@ -19,17 +26,39 @@ TrajectoryStatus = Literal["completed", "failed", "cancelled"]
 class TrajectorySpec(BaseModel):
     trajectory_id: str
     group_id: str
+    domain: str = ""
     seed: int
     env_name: str
     env_kwargs: dict[str, object] = Field(default_factory=dict)
     max_turns: int
     env_queue: str
-    gen_queue: str
+    gen_pools: list[tuple[str, int]] = Field(
+        description="(pool, replicas) to route generation to: the domain's pool, then fallbacks.")
     reward_queue: str
     store_dir: str
     sampling: SamplingConfig
+    routing: RoutingConfig = Field(default_factory=RoutingConfig)
     latency: InjectedLatency = Field(default_factory=InjectedLatency)
     start_version: int = Field(0, description="Rollout policy version when this one started.")
+
+    @classmethod
+    def for_domain(cls, config: RunConfig, domain: str, trajectory_id: str, group_id: str,
+                   seed: int, start_version: int = 0) -> TrajectorySpec:
+        """The spec of one trajectory of `domain` under `config`: its env, pools and sampling."""
+        task = config.domains[domain]
+        sampling = config.sampling
+        if task.max_tokens_per_turn is not None:
+            sampling = sampling.model_copy(update={"max_tokens_per_turn":
+                                                   task.max_tokens_per_turn})
+        return cls(
+            trajectory_id=trajectory_id, group_id=group_id, domain=domain, seed=seed,
+            env_name=task.env, env_kwargs=task.kwargs, max_turns=task.max_turns,
+            env_queue=pool_queue("env", task.pool),
+            gen_pools=[(p.name, p.replicas) for p in config.gen_pools(task)],
+            reward_queue=pool_queue("reward", task.reward_pool),
+            store_dir=str(config.store_dir), sampling=sampling, routing=config.routing,
+            latency=task.latency, start_version=start_version,
+        )
 
 
 class EnvResetRequest(BaseModel):
@@ -44,6 +73,7 @@ class EnvResetResult(BaseModel):
     observation: str
     worker_queue: str = Field(description="Queue of the env worker that holds this env's state.")
     action_vocabulary: list[str] | None = None
+    answer_alphabet: list[str] | None = None
 
 
 class EnvStepRequest(BaseModel):
@@ -67,6 +97,7 @@ class GenerateRequest(BaseModel):
     store_dir: str
     sampling: SamplingConfig
     action_vocabulary: list[str] | None = None
+    answer_alphabet: list[str] | None = None
 
 
 class GenerateResult(BaseModel):
@@ -77,6 +108,7 @@ class GenerateResult(BaseModel):
     finish_reason: str
     version: int = Field(description="Version that sampled the turn's last token.")
     mixed_versions: bool = False
+    replica: str = Field("", description="The replica queue that served the turn.")
 
 
 class RewardRequest(BaseModel):
@@ -96,6 +128,7 @@ class TrajectoryResult(BaseModel):
 
     trajectory_id: str
     group_id: str
+    domain: str = ""
     status: TrajectoryStatus
     reward: float = 0.0
     success: bool = False
@@ -104,6 +137,9 @@ class TrajectoryResult(BaseModel):
     start_version: int = 0
     end_version: int = -1
     mixed_versions: bool = Field(False, description="Its tokens come from several versions.")
+    prompt_tokens: int = 0
+    cached_tokens: int = Field(0, description="Prompt tokens served from a prefix cache.")
+    fallback_turns: int = Field(0, description="Turns served by a fallback generation pool.")
     error: str | None = None
 
 
@@ -146,9 +182,45 @@ class UpdateWeightsRequest(BaseModel):
     weights_path: str
 
 
+class ReplicaMetrics(BaseModel):
+    """One generation replica between two weight updates."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    generated_tokens: int = 0
+    seconds: float = 0.0
+    in_flight_mean: float = Field(0.0, description="Requests inside the replica, sampled at "
+                                  "each arrival.")
+    in_flight_max: int = 0
+    running_max: int = Field(0, description="Most requests the engine ran at once.")
+    queue_depth_max: int = Field(0, description="Most requests waiting for an engine slot "
+                                 "(beyond engine.max_num_seqs).")
+
+    @property
+    def cache_hit_rate(self) -> float:
+        return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+
 class UpdateWeightsResult(BaseModel):
     version: int
     seconds: float
+    replica: str = ""
+    metrics: ReplicaMetrics = Field(default_factory=ReplicaMetrics)
+
+
+class DomainMetrics(BaseModel):
+    trajectories: int = 0
+    success_rate: float = 0.0
+    reward_mean: float = 0.0
+    generated_tokens: int = 0
+    turns_mean: float = 0.0
+    cache_hit_rate: float = 0.0
+    fallback_turns: int = 0
 
 
 class IterationMetrics(BaseModel):
@@ -174,6 +246,11 @@ class IterationMetrics(BaseModel):
     ratio_mean: float = 0.0
     ratio_max: float = 0.0
     kl_estimate: float = 0.0
+    domains: dict[str, DomainMetrics] = Field(default_factory=dict)
+    replicas: dict[str, ReplicaMetrics] = Field(
+        default_factory=dict, description="Per replica queue, since the previous update.")
+    missed_updates: list[str] = Field(
+        default_factory=list, description="Replicas that did not take this update (down).")
 
 
 class Ledger(BaseModel):

@@ -16,7 +16,7 @@ def field_errors(**overrides) -> str:
 def test_defaults_are_valid():
     config = load_config(None)
     assert config.algorithm.batch_size % config.algorithm.group_size == 0
-    assert config.env.name == "frozenlake"
+    assert config.domains["frozenlake"].env == "frozenlake"
 
 
 def test_group_size_below_two_names_the_field():
@@ -30,8 +30,10 @@ def test_batch_not_multiple_of_group():
 
 
 def test_unknown_pool_names_the_field():
-    message = field_errors(**{"env.gen_pool": "h800"})
-    assert "env.gen_pool: unknown gen pool 'h800'" in message
+    message = field_errors(**{"domains.frozenlake.gen_pool": "h800"})
+    assert "domains.frozenlake.gen_pool: unknown gen pool 'h800'" in message
+    message = field_errors(**{"domains.frozenlake.gen_fallback": ["h20"]})
+    assert "domains.frozenlake.gen_fallback: unknown gen pool 'h20'" in message
 
 
 def test_unknown_key_is_rejected():
@@ -42,9 +44,11 @@ def test_unknown_key_is_rejected():
 def test_cli_refuses_bad_config_before_starting_anything(tmp_path):
     run_dir = tmp_path / "run"
     for setting, expected in [
-        ("env.name=nosuchenv", "env.name: unknown environment 'nosuchenv'"),
+        ("domains.frozenlake.env=nosuchenv",
+         "domains.frozenlake.env: unknown environment 'nosuchenv'"),
         ("algorithm.group_size=1", "group_size must be >= 2"),
-        ("env.pool=gpu", "env.pool: unknown env pool 'gpu'"),
+        ("domains.frozenlake.pool=gpu", "domains.frozenlake.pool: unknown env pool 'gpu'"),
+        ("plugins=[\"no_such_plugin_module\"]", "plugins: cannot import 'no_such_plugin_module'"),
     ]:
         result = subprocess.run(
             [sys.executable, "-m", "rollart.workers.cli", "train", "--run-dir", str(run_dir),

@@ -8,5 +8,12 @@ EXAMPLES = Path(__file__).parent.parent / "examples"
 def test_example_config_is_the_default_spelled_out():
     example = load_config(EXAMPLES / "frozenlake.toml")
     default = RunConfig()
-    assert example.model_dump(exclude={"env"}) == default.model_dump(exclude={"env"})
-    assert example.env.model_dump(exclude={"kwargs"}) == default.env.model_dump(exclude={"kwargs"})
+    assert example.model_dump(exclude={"domains"}) == default.model_dump(exclude={"domains"})
+    lake, default_lake = example.domains["frozenlake"], default.domains["frozenlake"]
+    assert lake.model_dump(exclude={"kwargs"}) == default_lake.model_dump(exclude={"kwargs"})
+
+
+def test_multitask_example_is_valid():
+    config = load_config(EXAMPLES / "multitask.toml")
+    assert set(config.domains) == {"frozenlake", "arithmetic"}
+    assert {p.hardware for p in config.pools if p.role == "gen"} == {"h800", "h20"}

@@ -23,7 +23,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 async def test_async_run_trains_and_accounts_for_every_trajectory(temporal_server, engine,
                                                                   tmp_path):
     config = make_config(temporal_server, tmp_path, **{
-        "env.name": "exploding", "env.kwargs": {"every": 5},
+        "domains.frozenlake.env": "exploding", "domains.frozenlake.kwargs": {"every": 5},
         "algorithm.group_size": 4, "algorithm.batch_size": 12, "algorithm.iterations": 3,
         "algorithm.minibatches": 1, "algorithm.redundancy": 1,
     })
@@ -80,14 +80,15 @@ async def test_sync_never_trains_on_an_older_version(temporal_server, engine, tm
 
 async def test_unknown_env_fails_the_run_up_front(temporal_server, engine, tmp_path):
     config = make_config(temporal_server, tmp_path).model_copy(deep=True)
-    config.env.name = "nosuchenv"  # skips the CLI's check: the workflow itself must refuse
+    config.domains["frozenlake"].env = "nosuchenv"  # skips the CLI's check: the workflow must
     async with in_process_fleet(config, engine, roles=("control", "env")) as client:
         with pytest.raises(WorkflowFailureError) as failed:
             await client.execute_workflow(
                 TrainingWorkflow.run, TrainingInput(config=config), id="bad-env",
                 task_queue=config.temporal.control_queue,
             )
-    assert "env.name: unknown environment 'nosuchenv'" in str(failed.value.cause.cause)
+    assert "domains.frozenlake.env: unknown environment 'nosuchenv'" in str(
+        failed.value.cause.cause)
 
 
 async def test_temporal_cli_starts_a_run(temporal_server, engine, tmp_path):

@@ -27,11 +27,13 @@ class EnvActivities:
         self._lock = threading.Lock()
 
     @activity.defn(name="env.check")
-    def check(self, env_name: str) -> list[str]:
-        """Fails the run up front, naming the field, when no worker knows the environment."""
+    def check(self, env_name: str, field: str = "env") -> list[str]:
+        """Fails the run up front, naming the config field, when this pool's workers do not know
+        the environment."""
         if env_name not in registered_envs():
             raise ApplicationError(
-                f"env.name: unknown environment {env_name!r}; registered: {registered_envs()}",
+                f"{field}: unknown environment {env_name!r} on {self.worker_queue}; registered: "
+                f"{registered_envs()} (an env from a plugin needs it in `plugins`)",
                 type="UnknownEnvironment", non_retryable=True,
             )
         return registered_envs()
@@ -51,7 +53,8 @@ class EnvActivities:
         with self._lock:
             self.envs[request.trajectory_id] = env
         return EnvResetResult(observation=observation, worker_queue=self.worker_queue,
-                              action_vocabulary=getattr(env, "action_vocabulary", None))
+                              action_vocabulary=getattr(env, "action_vocabulary", None),
+                              answer_alphabet=getattr(env, "answer_alphabet", None))
 
     @activity.defn(name="env.step")
     def step(self, request: EnvStepRequest) -> EnvStepResult:

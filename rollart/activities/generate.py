@@ -2,13 +2,15 @@
 
 A turn reads the trajectory's context from the store, appends the new observation's tokens,
 samples, and writes the turn back (ids, behaviour logprobs, the policy version). Only the decoded
-text goes back into the workflow history.
+text goes back into the workflow history. Decoding is constrained to the env's single-token
+actions, or to its answer alphabet (plus end of sequence) for free-text answers.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -17,6 +19,7 @@ from temporalio import activity
 from rollart.contracts import (
     GenerateRequest,
     GenerateResult,
+    ReplicaMetrics,
     UpdateWeightsRequest,
     UpdateWeightsResult,
 )
@@ -44,9 +47,42 @@ async def _heartbeating(work: Awaitable[T], every_s: float = 1.0) -> T:
                 await task
 
 
+class ReplicaMeter:
+    """What one replica did since the last weight update (its metrics travel with the update's
+    result)."""
+
+    def __init__(self, max_num_seqs: int) -> None:
+        self.max_num_seqs = max_num_seqs
+        self.reset()
+
+    def reset(self) -> ReplicaMetrics:
+        previous = getattr(self, "metrics", None)
+        now = time.monotonic()
+        if previous is not None:
+            previous.seconds = now - self.since
+            previous.in_flight_mean = self._in_flight_sum / max(previous.requests, 1)
+        self.metrics, self.since, self._in_flight_sum = ReplicaMetrics(), now, 0
+        return previous or ReplicaMetrics()
+
+    def arrived(self, in_flight: int) -> None:
+        m = self.metrics
+        m.requests += 1
+        self._in_flight_sum += in_flight
+        m.in_flight_max = max(m.in_flight_max, in_flight)
+        m.running_max = max(m.running_max, min(in_flight, self.max_num_seqs))
+        m.queue_depth_max = max(m.queue_depth_max, in_flight - self.max_num_seqs)
+
+    def served(self, prompt_tokens: int, cached_tokens: int, generated_tokens: int) -> None:
+        m = self.metrics
+        m.prompt_tokens += prompt_tokens
+        m.cached_tokens += cached_tokens
+        m.generated_tokens += generated_tokens
+
+
 class GenerateActivities:
-    def __init__(self, engine: PolicyEngine) -> None:
-        self.engine = engine
+    def __init__(self, engine: PolicyEngine, replica: str = "") -> None:
+        self.engine, self.replica = engine, replica
+        self.meter = ReplicaMeter(engine.config.max_num_seqs)
 
     @activity.defn(name="gen.generate")
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -54,20 +90,23 @@ class GenerateActivities:
         store = TrajectoryStore(request.store_dir)
         observation_ids = engine.encode(request.observation)
         context = store.context_ids(request.trajectory_id, request.turn) + observation_ids
-        allowed = None
+        allowed, max_tokens = None, sampling.max_tokens_per_turn
         if sampling.constrain_to_actions and request.action_vocabulary:
-            allowed = engine.single_token_ids(request.action_vocabulary)
-        max_tokens = 1 if allowed else sampling.max_tokens_per_turn
+            allowed, max_tokens = engine.single_token_ids(request.action_vocabulary), 1
+        elif sampling.constrain_to_actions and request.answer_alphabet:
+            allowed = engine.single_token_ids(request.answer_alphabet) + [engine.eos_token_id]
         if len(context) + max_tokens > engine.config.max_model_len:
             return GenerateResult(text="", prompt_tokens=len(context), new_tokens=0,
                                   cached_tokens=0, finish_reason=CONTEXT_FULL,
-                                  version=engine.version)
+                                  version=engine.version, replica=self.replica)
         info = activity.info()
+        self.meter.arrived(engine.running_requests + 1)
         sample = await _heartbeating(engine.generate(
             context, max_tokens=max_tokens, temperature=sampling.temperature,
             allowed_token_ids=allowed,
             request_id=f"{request.trajectory_id}.{request.turn}.{info.attempt}",
         ))
+        self.meter.served(len(context), sample.cached_tokens, len(sample.token_ids))
         store.write_turn(request.trajectory_id, TurnRecord(
             turn=request.turn, observation_ids=observation_ids, sampled_ids=sample.token_ids,
             logprobs=sample.logprobs, versions=sample.versions, allowed_ids=allowed,
@@ -76,10 +115,12 @@ class GenerateActivities:
             text=engine.decode(sample.token_ids), prompt_tokens=len(context),
             new_tokens=len(sample.token_ids), cached_tokens=sample.cached_tokens,
             finish_reason=sample.finish_reason, version=sample.version,
-            mixed_versions=len(set(sample.versions)) > 1,
+            mixed_versions=len(set(sample.versions)) > 1, replica=self.replica,
         )
 
     @activity.defn(name="gen.update_weights")
     async def update_weights(self, request: UpdateWeightsRequest) -> UpdateWeightsResult:
+        metrics = self.meter.reset()
         seconds = await self.engine.update_weights(request.version, request.weights_path)
-        return UpdateWeightsResult(version=request.version, seconds=seconds)
+        return UpdateWeightsResult(version=request.version, seconds=seconds,
+                                   replica=self.replica, metrics=metrics)

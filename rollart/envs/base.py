@@ -24,6 +24,8 @@ class StepResult:
 class Env(Protocol):
     action_vocabulary: list[str] | None
     """The complete set of valid action strings, or None when actions are free text."""
+    # Optional: `answer_alphabet: list[str]`, the tokens a free-text answer is made of, and
+    # `close()`, called when the episode ends or is abandoned.
 
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]: ...
 
@@ -46,14 +48,19 @@ def register_env(name: str) -> Callable[[Callable[..., Env]], Callable[..., Env]
 
 
 def registered_envs() -> list[str]:
-    return sorted(_REGISTRY)
+    from rollart.envs.plugins import entry_point_envs
+
+    return sorted({*_REGISTRY, *entry_point_envs()})
 
 
 def make_env(name: str, **kwargs: Any) -> Env:
-    try:
-        factory = _REGISTRY[name]
-    except KeyError:
-        raise UnknownEnvironmentError(
-            f"unknown environment {name!r}; registered: {registered_envs()}"
-        ) from None
+    factory = _REGISTRY.get(name)
+    if factory is None:
+        from rollart.envs.plugins import entry_point_envs
+
+        entry_point = entry_point_envs().get(name)
+        if entry_point is None:
+            raise UnknownEnvironmentError(
+                f"unknown environment {name!r}; registered: {registered_envs()}")
+        factory = _REGISTRY.setdefault(name, entry_point.load())
     return factory(**kwargs)

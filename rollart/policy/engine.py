@@ -78,6 +78,10 @@ class PolicyEngine:
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    @property
+    def eos_token_id(self) -> int:
+        return self.tokenizer.eos_token_id
+
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
@@ -147,6 +151,18 @@ class PolicyEngine:
     @property
     def running_requests(self) -> int:
         return len(self._in_flight)
+
+    async def catch_up(self, weights_dir: Path) -> int:
+        """Load the newest version the trainer has published there, if any (a replica that
+        starts mid-run must not serve the base model); returns the version now loaded."""
+        published = sorted(weights_dir.glob("v[0-9]*[0-9]")) if weights_dir.is_dir() else []
+        for path in reversed(published):
+            if (path / "config.json").is_file():
+                version = int(path.name[1:])
+                if version > self.version:
+                    await self.update_weights(version, str(path))
+                break
+        return self.version
 
     async def update_weights(self, version: int, weights_path: str) -> float:
         """Suspend -> load -> resume. Requests in flight keep their tokens and recompute their KV

@@ -1,7 +1,8 @@
 """Where the policy comes from: any Hugging Face causal-LM directory, or the tiny default made here.
 
 Nothing is downloaded. The default is a ~0.3M-parameter Qwen3 with a word-level tokenizer over
-FrozenLake's words, created once per machine under ~/.cache/rollart/models.
+the built-in domains' words (FrozenLake's, digits, + and =), created once per machine under
+~/.cache/rollart/models.
 """
 
 from __future__ import annotations
@@ -11,9 +12,10 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from rollart.envs.arithmetic import DIGITS, SYMBOLS
 from rollart.envs.frozenlake import ACTIONS, OBSERVATION_WORDS
 
-TINY_MODEL_NAME = "tiny-qwen3-frozenlake-v1"
+TINY_MODEL_NAME = "tiny-qwen3-frozenlake-v2"
 SPECIAL_TOKENS = ["<pad>", "<unk>", "<eos>"]
 
 
@@ -56,7 +58,7 @@ def _write_tiny_model(out: Path, seed: int) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
 
-    words = SPECIAL_TOKENS + ACTIONS + OBSERVATION_WORDS
+    words = SPECIAL_TOKENS + ACTIONS + OBSERVATION_WORDS + DIGITS + SYMBOLS
     vocab = {word: i for i, word in enumerate(dict.fromkeys(words))}
     backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()

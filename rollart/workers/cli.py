@@ -63,11 +63,17 @@ def _explain(err: ValidationError) -> str:
 
 
 def _check_env_name(config: RunConfig) -> None:
-    from rollart.envs import registered_envs
+    from rollart.envs import load_plugins, registered_envs
+    from rollart.envs.plugins import PluginError
 
-    if config.env.name not in registered_envs():
-        raise SystemExit(f"invalid config:\n  env.name: unknown environment {config.env.name!r}; "
-                         f"registered: {registered_envs()}")
+    try:
+        load_plugins(config.plugins)
+    except PluginError as err:
+        raise SystemExit(f"invalid config:\n  {err}") from None
+    for key, domain in config.domains.items():
+        if domain.env not in registered_envs():
+            raise SystemExit(f"invalid config:\n  domains.{key}.env: unknown environment "
+                             f"{domain.env!r}; registered: {registered_envs()}")
 
 
 def _write_config(config: RunConfig) -> Path:

@@ -45,14 +45,21 @@ async def run_worker(config: RunConfig, role: WorkerRole, pool: str = "cpu",
 async def in_process_fleet(config: RunConfig, engine=None,
                            roles: tuple[WorkerRole, ...] = ("control", "env", "reward", "gen",
                                                             "train")):
-    """Every role's workers inside this process and event loop (tests and benchmarks), the gen
-    role reusing `engine` when one is given; yields the client."""
+    """Workers for every declared pool (and gen replica) of these roles inside this process and
+    event loop (tests and benchmarks), gen replicas sharing `engine` when one is given; yields the
+    client."""
     client = await connect(config.temporal)
     closers: list = []
     workers = []
     try:
         for role in roles:
-            workers += await build_workers(config, client, role, closers=closers, engine=engine)
+            if role == "control":
+                workers += await build_workers(config, client, role, closers=closers)
+                continue
+            for pool in (p for p in config.pools if p.role == role):
+                for replica in range(pool.replicas if role == "gen" else 1):
+                    workers += await build_workers(config, client, role, pool.name, replica,
+                                                   closers=closers, engine=engine)
         async with _all(workers):
             yield client
     finally:
@@ -79,12 +86,19 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
     """The temporalio Workers one process of this role runs; `engine` reuses a started one."""
     closers = [] if closers is None else closers
     if role == "control":
+        from rollart.activities.route import RouterActivities
         from rollart.workflows.batch_rollout import BatchRolloutWorkflow
         from rollart.workflows.training import TrainingWorkflow
         from rollart.workflows.trajectory import TrajectoryWorkflow
 
+        router = RouterActivities()
         return [Worker(client, task_queue=config.temporal.control_queue,
-                       workflows=[TrainingWorkflow, TrajectoryWorkflow, BatchRolloutWorkflow])]
+                       workflows=[TrainingWorkflow, TrajectoryWorkflow, BatchRolloutWorkflow],
+                       activities=[router.route, router.release])]
+    if role in ("env", "reward"):
+        from rollart.envs import load_plugins
+
+        load_plugins(config.plugins)
     if role == "env":
         from rollart.activities.env import EnvActivities
 
@@ -112,9 +126,10 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
                                   config.engine, seed=config.model.seed + replica)
             closers.append(engine.shutdown)
             await engine.start()
-        gen = GenerateActivities(engine)
-        return [Worker(client, task_queue=replica_queue("gen", pool, replica),
-                       activities=[gen.generate, gen.update_weights],
+            await engine.catch_up(config.weights_dir)
+        queue = replica_queue("gen", pool, replica)
+        gen = GenerateActivities(engine, queue)
+        return [Worker(client, task_queue=queue, activities=[gen.generate, gen.update_weights],
                        max_concurrent_activities=config.engine.max_num_seqs)]
     if role == "train":
         from rollart.activities.train import TrainActivities

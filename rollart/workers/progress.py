@@ -22,18 +22,35 @@ def _table(status: TrainingStatus, elapsed_s: float) -> Table:
     table = Table(title=f"rollart  {status.mode} (alpha {status.alpha})  iteration "
                         f"{status.iteration}/{status.iterations}  policy v{status.version}  "
                         f"{elapsed_s:.0f}s")
-    for column in ("iter", "reward", "success", "step s", "idle s", "train s", "update s",
-                   "tok/s", "lag", "stale tok", "loss"):
+    for column in ("iter", "reward", "success", "by domain", "step s", "idle s", "train s",
+                   "update s", "tok/s", "lag", "stale tok", "loss"):
         table.add_column(column, justify="right")
     for m in status.history[-8:]:
+        by_domain = " ".join(f"{name} {d.success_rate:.2f}" for name, d in m.domains.items())
         table.add_row(str(m.iteration), f"{m.reward_mean:.3f}", f"{m.success_rate:.2f}",
-                      f"{m.step_s:.1f}", f"{m.trainer_idle_s:.1f}", f"{m.train_s:.1f}",
-                      f"{m.weight_update_s:.2f}", f"{m.tokens_per_s:.0f}",
+                      by_domain, f"{m.step_s:.1f}", f"{m.trainer_idle_s:.1f}",
+                      f"{m.train_s:.1f}", f"{m.weight_update_s:.2f}", f"{m.tokens_per_s:.0f}",
                       f"{m.lag_mean:.1f}", f"{m.stale_token_share:.2f}", f"{m.loss:.3f}")
     table.caption = (f"trajectories started {ledger.started}  trained {ledger.trained}  "
                      f"failed {ledger.failed}  evicted {ledger.evicted}  "
                      f"in flight {ledger.in_flight}")
+    if status.history:
+        table.caption += "\n" + replica_summary(status.history[-1])
     return table
+
+
+def replica_summary(metrics: IterationMetrics) -> str:
+    """One line per replica: requests in flight, prefix-cache hit rate, tokens/s."""
+    parts = [f"{queue.removeprefix('rollart.gen.')}: in flight {r.in_flight_mean:.0f} "
+             f"(max {r.in_flight_max}, queued max {r.queue_depth_max}), cache hit "
+             f"{r.cache_hit_rate:.2f}, {r.tokens_per_s:.0f} tok/s"
+             for queue, r in metrics.replicas.items()]
+    parts += [f"{queue.removeprefix('rollart.gen.')}: DOWN (missed update)"
+              for queue in metrics.missed_updates]
+    fallback = sum(d.fallback_turns for d in metrics.domains.values())
+    if fallback:
+        parts.append(f"{fallback} turns served by fallback pools")
+    return "replicas  " + "  |  ".join(parts)
 
 
 async def follow(client: Client, handle: WorkflowHandle, run_dir: Path, poll_s: float = 1.0,
@@ -93,6 +110,11 @@ def plot_curve(metrics: list[IterationMetrics], out: Path) -> Path | None:
         elapsed.append(clock / 60)
     fig, ax = plt.subplots(figsize=(7, 4))
     ax.plot(elapsed, [m.success_rate for m in metrics], marker="o", label="success rate")
+    domains = sorted({name for m in metrics for name in m.domains})
+    if len(domains) > 1:
+        for name in domains:
+            ax.plot(elapsed, [m.domains[name].success_rate if name in m.domains else None
+                              for m in metrics], linestyle=":", label=f"success: {name}")
     ax.plot(elapsed, [m.reward_mean for m in metrics], linestyle="--", label="mean reward")
     ax.set_xlabel("training wall time (min)")
     ax.set_ylim(-0.02, 1.02)

@@ -29,16 +29,18 @@ class BatchRolloutWorkflow:
         rewards: list[list[float]] = [[] for _ in specs]
         infos: list[dict] = [{} for _ in specs]
         results = [TrajectoryResult(trajectory_id=s.trajectory_id, group_id=s.group_id,
-                                    status="completed", start_version=s.start_version)
+                                    domain=s.domain, status="completed",
+                                    start_version=s.start_version)
                    for s in specs]
+        contexts = [0] * len(specs)
         active = list(range(len(specs)))
         for turn in range(max(spec.max_turns for spec in specs)):
             active = [i for i in active if turn < specs[i].max_turns]
             if not active:
                 break
-            gens = await asyncio.gather(*(
-                generate_turn(specs[i], turn, observations[i], resets[i].action_vocabulary)
-                for i in active))
+            gens = [gen for gen, _ in await asyncio.gather(*(
+                generate_turn(specs[i], turn, observations[i], resets[i], contexts[i])
+                for i in active))]
             stepping = [(i, gen) for i, gen in zip(active, gens, strict=True)
                         if gen.finish_reason != CONTEXT_FULL]
             steps = await asyncio.gather(*(
@@ -46,6 +48,7 @@ class BatchRolloutWorkflow:
             active = []
             for (i, gen), step in zip(stepping, steps, strict=True):
                 results[i].turns += 1
+                contexts[i] = gen.prompt_tokens + gen.new_tokens
                 results[i].generated_tokens += gen.new_tokens
                 results[i].end_version = max(results[i].end_version, gen.version)
                 observations[i], infos[i] = step.observation, step.info

@@ -1,13 +1,13 @@
 """TrainingWorkflow: the single controller of a run.
 
 Two loops share the workflow's state. The supply loop keeps GRPO groups of TrajectoryWorkflow
-children running (group_size + redundancy siblings share an env seed); what it may start depends
-on the mode. The training loop takes complete, admissible groups from the sample buffer as soon as
-a batch's worth exists, trains, moves the new weights into every replica (suspend -> update ->
-resume) and evicts what the new version made too stale (cancelling it where it still runs).
-Children report their end by signal, so state (the buffer, a ledger, recent metrics) survives
-continue-as-new while children keep running (ParentClosePolicy.ABANDON).
-"""
+children running (group_size + redundancy siblings share a task domain and an env seed; domains are
+drawn by their weights); what it may start depends on the mode. The training loop takes complete,
+admissible groups from the sample buffer as soon as a batch's worth exists, trains, moves the new
+weights into every replica (suspend -> update -> resume) and evicts what the new version made too
+stale (cancelling it where it still runs). Children report their end by signal, so state (the
+buffer, a ledger, recent metrics) survives continue-as-new while children keep running
+(ParentClosePolicy.ABANDON)."""
 
 from __future__ import annotations
 
@@ -18,11 +18,13 @@ from datetime import timedelta
 from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
     from rollart.config import RunConfig
     from rollart.contracts import (
+        DomainMetrics,
         IterationMetrics,
         RolloutShape,
         TrainingStatus,
@@ -136,10 +138,12 @@ class TrainingWorkflow:
     async def _begin(self, cfg: RunConfig) -> None:
         """Refuse an unknown environment before anything starts; have the trainer start from
         the configured model and the engines from the trainer's weights."""
-        await workflow.execute_activity(
-            "env.check", cfg.env.name, task_queue=pool_queue("env", cfg.env.pool),
-            start_to_close_timeout=CHECK_TIMEOUT, retry_policy=RetryPolicy(maximum_attempts=3),
-        )
+        for key, domain in cfg.domains.items():
+            await workflow.execute_activity(
+                "env.check", args=[domain.env, f"domains.{key}.env"],
+                task_queue=pool_queue("env", domain.pool), start_to_close_timeout=CHECK_TIMEOUT,
+                retry_policy=RetryPolicy(maximum_attempts=3),
+            )
         initial = await workflow.execute_activity(
             "train.begin_run", workflow.info().workflow_id, result_type=UpdateWeightsRequest,
             task_queue=pool_queue("train", cfg.trainer.pool),
@@ -172,26 +176,17 @@ class TrainingWorkflow:
                 self.starting -= count
 
     async def _start_group(self, cfg: RunConfig) -> None:
-        algo, env, state = cfg.algorithm, cfg.env, self.state
-        replicas = cfg.pool("gen", env.gen_pool).replicas
+        algo, state = cfg.algorithm, self.state
+        rng = workflow.random()
+        names = list(cfg.domains)
+        domain = rng.choices(names, weights=[cfg.domains[n].weight for n in names])[0]
         group_id = f"{workflow.info().workflow_id}.g{state.groups_started:06d}"
-        seed = workflow.random().randint(0, 2**31 - 1)
+        seed = rng.randint(0, 2**31 - 1)
         members = [f"{group_id}.t{k:02d}" for k in range(algo.group_size + algo.redundancy)]
         state.buffer.start_group(group_id, members, state.version, algo.group_size)
-        replica = state.groups_started % replicas
         state.groups_started += 1
-        specs = [
-            TrajectorySpec(
-                trajectory_id=tid, group_id=group_id, seed=seed, env_name=env.name,
-                env_kwargs=env.kwargs, max_turns=env.max_turns,
-                env_queue=pool_queue("env", env.pool),
-                gen_queue=replica_queue("gen", env.gen_pool, replica),
-                reward_queue=pool_queue("reward", env.reward_pool),
-                store_dir=str(cfg.store_dir), sampling=cfg.sampling, latency=env.latency,
-                start_version=state.version,
-            )
-            for tid in members
-        ]
+        specs = [TrajectorySpec.for_domain(cfg, domain, tid, group_id, seed, state.version)
+                 for tid in members]
         await asyncio.gather(*(
             workflow.start_child_workflow(
                 TrajectoryWorkflow.run, spec, id=spec.trajectory_id,
@@ -228,7 +223,7 @@ class TrainingWorkflow:
                 retry_policy=RETRY,
             )
             trained = workflow.now()
-            await self._update_replicas(
+            updates, missed = await self._update_replicas(
                 cfg, UpdateWeightsRequest(version=train.version, weights_path=train.weights_path))
             lags = Counter(state.version - g.start_version for g in groups for _ in g.completed)
             state.version = train.version
@@ -237,7 +232,10 @@ class TrainingWorkflow:
         finally:
             self.training = False
         updated = workflow.now()
-        return self._metrics(groups, train, lags, started, batch_ready, trained, updated)
+        metrics = self._metrics(groups, train, lags, started, batch_ready, trained, updated)
+        metrics.replicas = {u.replica: u.metrics for u in updates}
+        metrics.missed_updates = missed
+        return metrics
 
     def _metrics(self, groups: list[Group], train: TrainResult, lags: Counter, started,
                  batch_ready, trained, updated) -> IterationMetrics:
@@ -258,7 +256,7 @@ class TrainingWorkflow:
             lag_max=max(lags, default=0), stale_token_share=train.stale_token_share,
             mixed_version_trajectories=sum(r.mixed_versions for r in kept),
             ratio_mean=train.ratio_mean, ratio_max=train.ratio_max,
-            kl_estimate=train.kl_estimate,
+            kl_estimate=train.kl_estimate, domains=domain_metrics(kept),
         )
 
     async def _cancel(self, trajectory_ids: list[str]) -> None:
@@ -268,17 +266,53 @@ class TrainingWorkflow:
             except Exception:  # it ended before the request arrived; it is accounted already
                 workflow.logger.info("cancel of %s found it ended", tid)
 
-    async def _update_replicas(self, cfg: RunConfig, request: UpdateWeightsRequest) -> None:
-        """Suspend -> update -> resume on every replica of the generation pool."""
-        pool = cfg.env.gen_pool
-        await asyncio.gather(*(
+    async def _update_replicas(self, cfg: RunConfig, request: UpdateWeightsRequest,
+                               ) -> tuple[list[UpdateWeightsResult], list[str]]:
+        """Suspend -> update -> resume on every replica any domain may route to. A replica with
+        no live worker misses the update (and is listed); it loads the newest published version
+        when its worker starts again."""
+        queues = [replica_queue("gen", pool.name, k) for pool in cfg.serving_gen_pools()
+                  for k in range(pool.replicas)]
+        outcomes = await asyncio.gather(*(
             workflow.execute_activity(
-                "gen.update_weights", request, result_type=UpdateWeightsResult,
-                task_queue=replica_queue("gen", pool, replica),
+                "gen.update_weights", request, result_type=UpdateWeightsResult, task_queue=queue,
+                schedule_to_start_timeout=timedelta(seconds=cfg.routing.schedule_to_start_s),
                 start_to_close_timeout=UPDATE_TIMEOUT, retry_policy=RETRY,
             )
-            for replica in range(cfg.pool("gen", pool).replicas)
-        ))
+            for queue in queues
+        ), return_exceptions=True)
+        updated, missed = [], []
+        for queue, outcome in zip(queues, outcomes, strict=True):
+            if isinstance(outcome, ActivityError) and isinstance(outcome.cause, TimeoutError):
+                workflow.logger.warning("replica %s took no weight update to v%d: no live worker",
+                                        queue, request.version)
+                missed.append(queue)
+            elif isinstance(outcome, BaseException):
+                raise outcome
+            else:
+                updated.append(outcome)
+        if not updated:
+            raise ApplicationError(f"no generation replica took weights v{request.version}: "
+                                   f"none of {queues} has a live worker", type="NoReplicas")
+        return updated, missed
+
+
+def domain_metrics(results: list[TrajectoryResult]) -> dict[str, DomainMetrics]:
+    by_domain: dict[str, list[TrajectoryResult]] = {}
+    for result in results:
+        by_domain.setdefault(result.domain, []).append(result)
+    return {
+        name: DomainMetrics(
+            trajectories=len(rs), success_rate=_mean([float(r.success) for r in rs]),
+            reward_mean=_mean([r.reward for r in rs]),
+            generated_tokens=sum(r.generated_tokens for r in rs),
+            turns_mean=_mean([float(r.turns) for r in rs]),
+            cache_hit_rate=(sum(r.cached_tokens for r in rs)
+                            / max(sum(r.prompt_tokens for r in rs), 1)),
+            fallback_turns=sum(r.fallback_turns for r in rs),
+        )
+        for name, rs in sorted(by_domain.items())
+    }
 
 
 def _mean(values: list[float]) -> float:

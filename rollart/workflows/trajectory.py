@@ -1,11 +1,12 @@
 """TrajectoryWorkflow: one agent episode, reset -> (generate -> step)* -> reward.
 
 Each step is an activity on the queue of the fleet that owns it, so a slow or failing environment
-delays or fails only its own trajectory. The result is a reference (the trajectory id plus a few
-scalars); the tokens stay in the trajectory store. A trajectory started by a TrainingWorkflow
-reports how it ended (completed, failed or cancelled) to its parent by signal, which reaches the
-parent's latest run across continue-as-new.
-"""
+delays or fails only its own trajectory. Each turn's replica is chosen by the router (a local
+activity, see rollart.activities.route); a request no replica picks up in time is re-routed, to a
+fallback pool if the domain's own pool has no live replica. The result is a reference (the
+trajectory id plus a few scalars); the tokens stay in the trajectory store. A trajectory started by
+a TrainingWorkflow reports how it ended (completed, failed or cancelled) to its parent by signal,
+which reaches the parent's latest run across continue-as-new."""
 
 from __future__ import annotations
 
@@ -14,7 +15,13 @@ from datetime import timedelta
 
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    TimeoutError,
+    TimeoutType,
+    is_cancelled_exception,
+)
 
 with workflow.unsafe.imports_passed_through():
     from rollart.contracts import (
@@ -29,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         TrajectoryResult,
         TrajectorySpec,
     )
+    from rollart.workflows.routing import ReleaseRequest, RouteDecision, RouteRequest
 
 ENV_TIMEOUT = timedelta(seconds=60)
 GENERATE_TIMEOUT = timedelta(seconds=120)
@@ -36,8 +44,8 @@ GENERATE_HEARTBEAT = timedelta(seconds=10)
 REWARD_TIMEOUT = timedelta(seconds=60)
 ENV_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                         maximum_attempts=3)
-GENERATE_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
-                             maximum_attempts=5)
+GENERATE_ATTEMPTS = 5
+ROUTE_TIMEOUT = timedelta(seconds=10)
 CONTEXT_FULL = "context_full"
 DONE_SIGNAL = "trajectory_done"
 
@@ -53,16 +61,63 @@ async def reset_env(spec: TrajectorySpec) -> EnvResetResult:
 
 
 async def generate_turn(spec: TrajectorySpec, turn: int, observation: str,
-                        action_vocabulary: list[str] | None) -> GenerateResult:
-    return await workflow.execute_activity(
-        "gen.generate",
-        GenerateRequest(trajectory_id=spec.trajectory_id, turn=turn, observation=observation,
-                        store_dir=spec.store_dir, sampling=spec.sampling,
-                        action_vocabulary=action_vocabulary),
-        result_type=GenerateResult, task_queue=spec.gen_queue,
-        start_to_close_timeout=GENERATE_TIMEOUT, heartbeat_timeout=GENERATE_HEARTBEAT,
-        retry_policy=GENERATE_RETRY,
-    )
+                        reset: EnvResetResult, context_tokens: int,
+                        ) -> tuple[GenerateResult, RouteDecision]:
+    """One turn on the replica the router picks; retried through the router (not on the same
+    queue), so a dead replica's requests move to a live one."""
+    request = GenerateRequest(
+        trajectory_id=spec.trajectory_id, turn=turn, observation=observation,
+        store_dir=spec.store_dir, sampling=spec.sampling,
+        action_vocabulary=reset.action_vocabulary, answer_alphabet=reset.answer_alphabet)
+    for attempt in range(1, GENERATE_ATTEMPTS + 1):
+        request_id = f"{spec.trajectory_id}.{turn}.{attempt}"
+        decision = await workflow.execute_local_activity(
+            "gen.route",
+            RouteRequest(request_id=request_id, trajectory_id=spec.trajectory_id,
+                         group_id=spec.group_id, context_tokens=context_tokens,
+                         pools=spec.gen_pools, routing=spec.routing),
+            result_type=RouteDecision, start_to_close_timeout=ROUTE_TIMEOUT)
+        try:
+            result = await workflow.execute_activity(
+                "gen.generate", request, result_type=GenerateResult, task_queue=decision.queue,
+                schedule_to_start_timeout=timedelta(seconds=spec.routing.schedule_to_start_s),
+                start_to_close_timeout=GENERATE_TIMEOUT, heartbeat_timeout=GENERATE_HEARTBEAT,
+                retry_policy=RetryPolicy(maximum_attempts=1),
+            )
+        except ActivityError as err:
+            outcome = _outcome(err)
+            await _release(spec, request_id, outcome)
+            if outcome == "cancelled" or attempt == GENERATE_ATTEMPTS or _non_retryable(err):
+                raise
+            await workflow.sleep(min(2 ** (attempt - 1), 10))
+            continue
+        await _release(spec, request_id, "ok")
+        return result, decision
+    raise AssertionError("unreachable")
+
+
+def _outcome(err: ActivityError) -> str:
+    if is_cancelled_exception(err):
+        return "cancelled"
+    cause = err.cause
+    if isinstance(cause, TimeoutError) and cause.type in (TimeoutType.SCHEDULE_TO_START,
+                                                          TimeoutType.HEARTBEAT):
+        return "unreachable"  # no worker took it, or the one that did went silent
+    return "failed"
+
+
+def _non_retryable(err: ActivityError) -> bool:
+    return isinstance(err.cause, ApplicationError) and err.cause.non_retryable
+
+
+async def _release(spec: TrajectorySpec, request_id: str, outcome: str) -> None:
+    try:
+        await workflow.execute_local_activity(
+            "gen.release", ReleaseRequest(request_id=request_id, outcome=outcome,
+                                          down_s=spec.routing.down_s),
+            start_to_close_timeout=ROUTE_TIMEOUT)
+    except (ActivityError, asyncio.CancelledError):  # bookkeeping only: never fail a turn on it
+        workflow.logger.info("router release of %s did not run", request_id)
 
 
 async def step_env(spec: TrajectorySpec, worker_queue: str, action: str) -> EnvStepResult:
@@ -108,8 +163,8 @@ class TrajectoryWorkflow:
     @workflow.run
     async def run(self, spec: TrajectorySpec) -> TrajectoryResult:
         self.partial = TrajectoryResult(trajectory_id=spec.trajectory_id,
-                                        group_id=spec.group_id, status="cancelled",
-                                        start_version=spec.start_version)
+                                        group_id=spec.group_id, domain=spec.domain,
+                                        status="cancelled", start_version=spec.start_version)
         try:
             result = await self._episode(spec)
         except (asyncio.CancelledError, ActivityError) as err:
@@ -136,14 +191,20 @@ class TrajectoryWorkflow:
         reset = await reset_env(spec)
         self.env_queue, self.open_env = reset.worker_queue, True
         observation, rewards, info, versions = reset.observation, [], {}, set()
+        context_tokens = 0
         for self.turn in range(spec.max_turns):
             self.phase = "generate"
-            gen = await generate_turn(spec, self.turn, observation, reset.action_vocabulary)
+            gen, route = await generate_turn(spec, self.turn, observation, reset,
+                                             context_tokens)
             if gen.finish_reason == CONTEXT_FULL:
                 break
             versions.add(gen.version)
+            context_tokens = gen.prompt_tokens + gen.new_tokens
             partial.turns += 1
             partial.generated_tokens += gen.new_tokens
+            partial.prompt_tokens += gen.prompt_tokens
+            partial.cached_tokens += gen.cached_tokens
+            partial.fallback_turns += route.fallback
             partial.end_version = max(partial.end_version, gen.version)
             partial.mixed_versions = partial.mixed_versions or gen.mixed_versions
             self.phase = "step"
