@@ -36,13 +36,15 @@ def resolve_model_path(path: str | None, seed: int = 0) -> str:
     return str(model_dir)
 
 
-def ensure_tiny_model(target: Path, seed: int = 0) -> Path:
+def ensure_tiny_model(target: Path, seed: int = 0, hidden_size: int = 128,
+                      layers: int = 2) -> Path:
+    """The word-level Qwen3 at `target`, made once (benchmarks ask for wider, deeper ones)."""
     if (target / "config.json").is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(dir=target.parent, prefix=".staging-"))
     try:
-        _write_tiny_model(staging, seed)
+        _write_tiny_model(staging, seed, hidden_size, layers)
         try:
             staging.rename(target)
         except OSError:  # another process made it first
@@ -53,7 +55,7 @@ def ensure_tiny_model(target: Path, seed: int = 0) -> Path:
     return target
 
 
-def _write_tiny_model(out: Path, seed: int) -> None:
+def _write_tiny_model(out: Path, seed: int, hidden_size: int, layers: int) -> None:
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
@@ -70,13 +72,13 @@ def _write_tiny_model(out: Path, seed: int) -> None:
 
     config = Qwen3Config(
         vocab_size=32,
-        hidden_size=128,
-        intermediate_size=256,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=layers,
+        num_attention_heads=hidden_size // 32,
+        num_key_value_heads=max(hidden_size // 64, 1),
         head_dim=32,
-        max_position_embeddings=1024,
+        max_position_embeddings=4096,
         tie_word_embeddings=True,
         pad_token_id=vocab["<pad>"],
         eos_token_id=vocab["<eos>"],

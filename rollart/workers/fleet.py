@@ -27,6 +27,9 @@ async def run_worker(config: RunConfig, role: WorkerRole, pool: str = "cpu",
     """Serve one role until cancelled."""
     if role != "control" and (role, pool) not in {(p.role, p.name) for p in config.pools}:
         raise ValueError(f"--pool: no {role} pool named {pool!r} in the config")
+    if role == "gen" and not 0 <= replica < config.pool("gen", pool).replicas:
+        raise ValueError(f"--replica: gen pool {pool!r} declares "
+                         f"{config.pool('gen', pool).replicas} replicas (0..n-1), got {replica}")
     client = await connect(config.temporal)
     closers: list = []
     try:
