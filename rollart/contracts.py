@@ -9,7 +9,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, computed_field
 
 from rollart.config import (
     AlgorithmConfig,
@@ -74,6 +74,7 @@ class EnvResetResult(BaseModel):
     worker_queue: str = Field(description="Queue of the env worker that holds this env's state.")
     action_vocabulary: list[str] | None = None
     answer_alphabet: list[str] | None = None
+    answer_length: int | None = None
 
 
 class EnvStepRequest(BaseModel):
@@ -98,6 +99,8 @@ class GenerateRequest(BaseModel):
     sampling: SamplingConfig
     action_vocabulary: list[str] | None = None
     answer_alphabet: list[str] | None = None
+    answer_length: int | None = Field(
+        None, description="Sample exactly this many alphabet tokens (no end token).")
 
 
 class GenerateResult(BaseModel):
@@ -197,10 +200,12 @@ class ReplicaMetrics(BaseModel):
     queue_depth_max: int = Field(0, description="Most requests waiting for an engine slot "
                                  "(beyond engine.max_num_seqs).")
 
+    @computed_field
     @property
     def cache_hit_rate(self) -> float:
         return self.cached_tokens / self.prompt_tokens if self.prompt_tokens else 0.0
 
+    @computed_field
     @property
     def tokens_per_s(self) -> float:
         return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from rollart.envs import make_env
 from rollart.envs.arithmetic import parse_answer
 
@@ -12,13 +14,24 @@ def test_arithmetic_scores_exact_answers_only():
     left, right = (int("".join(part.split())) for part in prompt.removesuffix(" =").split("+"))
     total = sum(env.numbers)
     assert left + right == total and 10 <= left <= 99
-    assert env.step(" ".join(str(total))).info["success"]
+    assert env.answer_length == 3  # up to 198: answers are three digits wide
+    assert env.step(" ".join(f"{total:03d}")).info["success"]
     env.reset(seed=3)
     wrong = env.step(str(total + 1))
     assert wrong.terminated and wrong.reward == 0.0 and not wrong.info["invalid"]
     env.reset(seed=3)
     assert env.step("Left").info["invalid"]
     assert parse_answer("1 2") == 12 and parse_answer("") is None
+
+
+def test_arithmetic_answer_width_follows_the_largest_sum():
+    env = make_env("arithmetic", digits=1, terms=2, max_operand=4)
+    assert env.answer_length == 1
+    for seed in range(20):
+        env.reset(seed=seed)
+        assert sum(env.numbers) <= 8
+    with pytest.raises(ValueError, match="does not fit"):
+        make_env("arithmetic", digits=1, max_operand=12)
 
 
 def test_arithmetic_problems_depend_on_the_seed_only():

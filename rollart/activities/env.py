@@ -54,7 +54,8 @@ class EnvActivities:
             self.envs[request.trajectory_id] = env
         return EnvResetResult(observation=observation, worker_queue=self.worker_queue,
                               action_vocabulary=getattr(env, "action_vocabulary", None),
-                              answer_alphabet=getattr(env, "answer_alphabet", None))
+                              answer_alphabet=getattr(env, "answer_alphabet", None),
+                              answer_length=getattr(env, "answer_length", None))
 
     @activity.defn(name="env.step")
     def step(self, request: EnvStepRequest) -> EnvStepResult:

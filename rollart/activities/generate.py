@@ -94,7 +94,11 @@ class GenerateActivities:
         if sampling.constrain_to_actions and request.action_vocabulary:
             allowed, max_tokens = engine.single_token_ids(request.action_vocabulary), 1
         elif sampling.constrain_to_actions and request.answer_alphabet:
-            allowed = engine.single_token_ids(request.answer_alphabet) + [engine.eos_token_id]
+            allowed = engine.single_token_ids(request.answer_alphabet)
+            if request.answer_length:
+                max_tokens = request.answer_length
+            else:
+                allowed.append(engine.eos_token_id)
         if len(context) + max_tokens > engine.config.max_model_len:
             return GenerateResult(text="", prompt_tokens=len(context), new_tokens=0,
                                   cached_tokens=0, finish_reason=CONTEXT_FULL,

@@ -1,9 +1,11 @@
 """Single-turn arithmetic with verifiable answers: the built-in decode-heavy reasoning domain.
 
-The prompt is a sum of `terms` numbers of `digits` digits each, written digit by digit ("3 7 + 4
-5 =") so a word-level tokenizer reads it; the answer is free text made of digits, scored 1 when
-its digits spell the exact sum. `answer_alphabet` tells generation which tokens an answer may
-use, so even an untrained policy produces parseable answers.
+The prompt is a sum of `terms` numbers of `digits` digits each (at most `max_operand`), written
+digit by digit ("3 7 + 4 5 =") so a word-level tokenizer reads it; the answer is scored 1 when its
+digits spell the exact sum. Answers have a fixed width, the digits of the largest possible sum,
+zero-padded ("0 7"): `answer_alphabet` and `answer_length` tell generation to sample exactly that
+many digit tokens, so even an untrained policy gives well-formed answers (and a random one is
+right with probability 10^-width).
 """
 
 from __future__ import annotations
@@ -32,16 +34,20 @@ class ArithmeticEnv:
     action_vocabulary = None
     answer_alphabet = DIGITS
 
-    def __init__(self, digits: int = 1, terms: int = 2) -> None:
+    def __init__(self, digits: int = 1, terms: int = 2, max_operand: int | None = None) -> None:
         if digits < 1 or terms < 2:
             raise ValueError(f"arithmetic needs digits >= 1 and terms >= 2, got {digits}, {terms}")
-        self.digits, self.terms = digits, terms
+        self.low = 0 if digits == 1 else 10 ** (digits - 1)
+        self.high = 10**digits - 1 if max_operand is None else max_operand
+        if not self.low <= self.high < 10**digits:
+            raise ValueError(f"arithmetic: max_operand {max_operand} does not fit {digits} digits")
+        self.terms = terms
+        self.answer_length = len(str(self.high * terms))
         self.numbers: list[int] = []
 
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]:
         rng = random.Random(seed)
-        low = 0 if self.digits == 1 else 10 ** (self.digits - 1)
-        self.numbers = [rng.randint(low, 10**self.digits - 1) for _ in range(self.terms)]
+        self.numbers = [rng.randint(self.low, self.high) for _ in range(self.terms)]
         prompt = " + ".join(spell(n) for n in self.numbers) + " ="
         return prompt, {"success": False}
 

@@ -24,8 +24,9 @@ class StepResult:
 class Env(Protocol):
     action_vocabulary: list[str] | None
     """The complete set of valid action strings, or None when actions are free text."""
-    # Optional: `answer_alphabet: list[str]`, the tokens a free-text answer is made of, and
-    # `close()`, called when the episode ends or is abandoned.
+    # Optional: `answer_alphabet: list[str]`, the tokens a free-text answer is made of, with
+    # `answer_length: int` when answers have a fixed width; `close()`, called when the episode
+    # ends or is abandoned.
 
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]: ...
 

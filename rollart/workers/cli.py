@@ -97,6 +97,11 @@ async def _start_workflow(config: RunConfig, workflow_id: str):
     return client, handle
 
 
+def _stop_on_sigterm() -> None:
+    """`kill` stops the stack like Ctrl-C does: the context managers stop every worker."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(128 + signal.SIGTERM))
+
+
 def cmd_train(args: argparse.Namespace) -> int:
     from rollart.policy.model import resolve_model_path
     from rollart.workers.progress import console, follow, plot_curve, read_metrics
@@ -104,6 +109,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     config = _config(args, fresh_run_dir=True)
     _check_env_name(config)
+    _stop_on_sigterm()
     run_dir = Path(config.run_dir)
     with console.status("preparing the policy model"):
         model_path = resolve_model_path(config.model.path, config.model.seed)
@@ -142,6 +148,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
 
     config = _config(args)
     _check_env_name(config)
+    _stop_on_sigterm()
     config_file = _write_config(config)
     with Stack(config, config_file) as stack:
         print(f"stack up: Temporal {config.temporal.address}, Web UI "

@@ -68,7 +68,8 @@ async def generate_turn(spec: TrajectorySpec, turn: int, observation: str,
     request = GenerateRequest(
         trajectory_id=spec.trajectory_id, turn=turn, observation=observation,
         store_dir=spec.store_dir, sampling=spec.sampling,
-        action_vocabulary=reset.action_vocabulary, answer_alphabet=reset.answer_alphabet)
+        action_vocabulary=reset.action_vocabulary, answer_alphabet=reset.answer_alphabet,
+        answer_length=reset.answer_length)
     for attempt in range(1, GENERATE_ATTEMPTS + 1):
         request_id = f"{spec.trajectory_id}.{turn}.{attempt}"
         decision = await workflow.execute_local_activity(
