@@ -6,12 +6,13 @@ the error names the offending field (pydantic's `loc`).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 Role = Literal["env", "gen", "reward", "train"]
 
@@ -154,6 +155,37 @@ class AlgorithmConfig(StrictModel):
 class TrainerConfig(StrictModel):
     pool: str = "cpu"
     threads: int | None = Field(None, ge=1, description="torch threads; None lets torch choose.")
+    checkpoint_every: int = Field(
+        10, ge=0, description="Save model and optimizer every this many versions (0: never).")
+
+
+class StorageConfig(StrictModel):
+    """Where trajectories, checkpoints and durable weight copies live.
+
+    Credentials here are for the workers only: they are never serialized (so never reach a
+    workflow history or a written config); leave them out to use boto3's usual chain.
+    """
+
+    url: str | None = Field(None, description="s3://bucket/prefix or a directory; None: run_dir.")
+    endpoint_url: str | None = Field(None, description="S3 endpoint (SeaweedFS, MinIO, ...).")
+    region: str | None = None
+    access_key_id: str | None = Field(None, exclude=True, repr=False)
+    secret_access_key: SecretStr | None = Field(None, exclude=True)
+
+
+class WeightsConfig(StrictModel):
+    """How new policy versions reach the generation replicas."""
+
+    backend: Literal["auto", "mooncake", "local"] = Field(
+        "auto", description="auto: the Mooncake store where it is installed, else local files.")
+    bucket_mib: float = Field(64, gt=0, description="Target size of one weight bucket.")
+    mooncake_master: str = "127.0.0.1:50051"
+    mooncake_segment_mib: int = Field(512, ge=16, description="Memory each process lends the "
+                                      "Mooncake store.")
+    mooncake_buffer_mib: int = Field(128, ge=16)
+    durable_copy: bool = Field(
+        True, description="Also write each version under storage (files or S3): the fallback "
+        "when the Mooncake store evicted a bucket, and what a restarted replica loads.")
 
 
 class PoolConfig(StrictModel):
@@ -186,6 +218,8 @@ class RunConfig(StrictModel):
         default_factory=lambda: {"frozenlake": DomainConfig()},
         description="Task domains trained together, keyed by a name used in metrics.")
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
+    weights: WeightsConfig = Field(default_factory=WeightsConfig)
     algorithm: AlgorithmConfig = Field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     pools: list[PoolConfig] = Field(default_factory=default_pools)
@@ -227,12 +261,28 @@ class RunConfig(StrictModel):
         return [self.pool("gen", name) for name in names]
 
     @property
-    def store_dir(self) -> Path:
-        return Path(self.run_dir) / "trajectories"
+    def storage_url(self) -> str:
+        return (self.storage.url or self.run_dir).rstrip("/")
 
     @property
-    def weights_dir(self) -> Path:
-        return Path(self.run_dir) / "weights"
+    def store_dir(self) -> str:
+        """The trajectory store: a directory, or an s3:// URL."""
+        return f"{self.storage_url}/trajectories"
+
+    @property
+    def checkpoint_url(self) -> str:
+        return f"{self.storage_url}/checkpoints"
+
+    @property
+    def weights_url(self) -> str:
+        """The durable copy of published weights."""
+        return f"{self.storage_url}/weights"
+
+    @property
+    def weights_prefix(self) -> str:
+        """This run's key prefix in the weight store (shared by every worker of the run)."""
+        digest = hashlib.sha1(self.storage_url.encode()).hexdigest()[:10]
+        return f"rollart/{Path(self.run_dir).name}-{digest}"
 
 
 def load_config(path: str | Path | None = None, **overrides: object) -> RunConfig:

@@ -163,7 +163,9 @@ class TrainRequest(BaseModel):
 
 class TrainResult(BaseModel):
     version: int
-    weights_path: str
+    weights_prefix: str = Field("", description="Where the new version was published.")
+    push_s: float = Field(0.0, description="Seconds to publish the new version's buckets.")
+    weight_bytes: int = 0
     loss: float
     grad_norm: float
     clip_fraction: float
@@ -182,7 +184,7 @@ class TrainResult(BaseModel):
 
 class UpdateWeightsRequest(BaseModel):
     version: int
-    weights_path: str
+    weights_prefix: str = Field(description="The run's key prefix in the weight store.")
 
 
 class ReplicaMetrics(BaseModel):
@@ -213,7 +215,10 @@ class ReplicaMetrics(BaseModel):
 
 class UpdateWeightsResult(BaseModel):
     version: int
-    seconds: float
+    seconds: float = Field(description="Generation suspended: the exposed part of the update.")
+    pull_s: float = Field(0.0, description="Pulling the buckets, while generation went on.")
+    bytes: int = 0
+    from_durable: int = Field(0, description="Buckets the primary store had lost or corrupted.")
     replica: str = ""
     metrics: ReplicaMetrics = Field(default_factory=ReplicaMetrics)
 
@@ -256,6 +261,10 @@ class IterationMetrics(BaseModel):
         default_factory=dict, description="Per replica queue, since the previous update.")
     missed_updates: list[str] = Field(
         default_factory=list, description="Replicas that did not take this update (down).")
+    weight_push_s: float = 0.0
+    weight_pull_s: float = Field(0.0, description="Mean over replicas, overlapped with rollout.")
+    weight_exposed_s: float = Field(0.0, description="Mean over replicas of the suspension.")
+    weight_bytes: int = Field(0, description="Bytes pushed plus bytes pulled by all replicas.")
 
 
 class Ledger(BaseModel):

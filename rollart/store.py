@@ -1,17 +1,17 @@
 """The trajectory store: where token ids, behaviour logprobs and policy versions live.
 
-One directory per trajectory, one small JSON file per turn, written atomically. A retried generate
-activity rewrites its own turn file, so retries never duplicate tokens, and the bytes stored grow
-linearly with a trajectory's length. Workflow histories carry only the trajectory id.
+One small JSON blob per turn under the trajectory's id, on local disk or S3 (rollart.blobs),
+written whole. A retried generate activity rewrites its own turn, so retries never duplicate
+tokens, and the bytes stored grow linearly with a trajectory's length. Workflow histories carry
+only the trajectory id.
 """
 
 from __future__ import annotations
 
-import json
-import os
-from pathlib import Path
-
 from pydantic import BaseModel, Field
+
+from rollart.blobs import BlobStore, open_blobs
+from rollart.config import StorageConfig
 
 
 class TurnRecord(BaseModel):
@@ -24,33 +24,29 @@ class TurnRecord(BaseModel):
 
 
 class TrajectoryStore:
-    def __init__(self, root: str | Path) -> None:
-        self.root = Path(root)
+    def __init__(self, location: str | BlobStore, storage: StorageConfig | None = None) -> None:
+        self.blobs = open_blobs(location, storage) if isinstance(location, str) else location
 
-    def _dir(self, trajectory_id: str) -> Path:
+    @staticmethod
+    def _prefix(trajectory_id: str) -> str:
         if "/" in trajectory_id or trajectory_id.startswith("."):
             raise ValueError(f"bad trajectory id {trajectory_id!r}")
-        return self.root / trajectory_id
+        return f"{trajectory_id}/"
 
     def write_turn(self, trajectory_id: str, record: TurnRecord) -> None:
-        directory = self._dir(trajectory_id)
-        directory.mkdir(parents=True, exist_ok=True)
-        target = directory / f"turn_{record.turn:05d}.json"
-        staging = target.with_suffix(f".tmp{os.getpid()}")
-        staging.write_text(record.model_dump_json())
-        staging.replace(target)
+        key = f"{self._prefix(trajectory_id)}turn_{record.turn:05d}.json"
+        self.blobs.put(key, record.model_dump_json().encode())
 
     def read(self, trajectory_id: str, before_turn: int | None = None) -> list[TurnRecord]:
         """The trajectory's turns in order (only those before `before_turn` if given)."""
-        directory = self._dir(trajectory_id)
-        if not directory.is_dir():
-            return []
         records = []
-        for path in sorted(directory.glob("turn_*.json")):
-            turn = int(path.stem.split("_")[1])
+        for key in self.blobs.keys(self._prefix(trajectory_id)):
+            turn = int(key.rsplit("_", 1)[1].removesuffix(".json"))
             if before_turn is not None and turn >= before_turn:
                 continue
-            records.append(TurnRecord.model_validate(json.loads(path.read_text())))
+            data = self.blobs.get(key)
+            if data is not None:
+                records.append(TurnRecord.model_validate_json(data))
         return records
 
     def context_ids(self, trajectory_id: str, before_turn: int) -> list[int]:
@@ -58,3 +54,16 @@ class TrajectoryStore:
         for record in self.read(trajectory_id, before_turn):
             ids += record.observation_ids + record.sampled_ids
         return ids
+
+
+class StoreOpener:
+    """Trajectory stores by location, opened once per worker (an S3 client is not free)."""
+
+    def __init__(self, storage: StorageConfig | None = None) -> None:
+        self.storage = storage
+        self._open: dict[str, TrajectoryStore] = {}
+
+    def __call__(self, location: str) -> TrajectoryStore:
+        if location not in self._open:
+            self._open[location] = TrajectoryStore(location, self.storage)
+        return self._open[location]

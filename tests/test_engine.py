@@ -10,8 +10,13 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from rollart.envs.frozenlake import ACTIONS
+from rollart.weights.transfer import pack
 
 PROMPT = "P F F F | F H F H | F F F H | H F F G"
+
+
+def buckets_of(model) -> list[bytes]:
+    return [blob for blob, _ in pack(model.named_parameters(), bucket_bytes=2**16)]
 
 
 def hf_logprob(model, ids: list[int], token: int, allowed: list[int] | None = None) -> float:
@@ -50,9 +55,8 @@ async def test_weight_update_takes_effect_in_place(engine, model_path, tmp_path)
     with torch.no_grad():
         for param in model.parameters():
             param.add_(torch.randn_like(param) * 0.2)
-    model.save_pretrained(tmp_path / "perturbed")
     version = engine.version + 1
-    await engine.update_weights(version, str(tmp_path / "perturbed"))
+    await engine.update_weights(version, buckets_of(model))
     try:
         sample = await engine.generate(ids, max_tokens=4, temperature=1.0)
         assert sample.version == version
@@ -61,9 +65,9 @@ async def test_weight_update_takes_effect_in_place(engine, model_path, tmp_path)
             assert logprob == pytest.approx(hf_logprob(model, context, token), abs=1e-3)
             context.append(token)
     finally:
-        await engine.update_weights(0, model_path)
+        original = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
+        await engine.update_weights(0, buckets_of(original))
     restored = await engine.generate(ids, max_tokens=1, temperature=1.0)
-    original = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32)
     assert math.isclose(restored.logprobs[0],
                         hf_logprob(original, ids, restored.token_ids[0]), abs_tol=1e-4)
 
@@ -75,9 +79,19 @@ def test_multi_token_actions_are_refused_for_constrained_decoding(engine):
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_missing_weights_fail_clearly_and_leave_the_engine_serving(engine, tmp_path):
+    from temporalio.exceptions import ApplicationError
+    from temporalio.testing import ActivityEnvironment
+
+    from rollart.activities.generate import GenerateActivities
+    from rollart.blobs import LocalBlobs
+    from rollart.contracts import UpdateWeightsRequest
+    from rollart.weights import Puller
+
     version = engine.version
-    with pytest.raises(FileNotFoundError, match="weights for version 99 are not at"):
-        await engine.update_weights(99, str(tmp_path / "gone"))
+    activities = GenerateActivities(engine, Puller(LocalBlobs(tmp_path)))
+    with pytest.raises(ApplicationError, match="weights v99 are not published under gone"):
+        await ActivityEnvironment().run(activities.update_weights,
+                                        UpdateWeightsRequest(version=99, weights_prefix="gone"))
     assert engine.version == version
     sample = await engine.generate(engine.encode(PROMPT), max_tokens=1, temperature=1.0)
     assert sample.version == version
@@ -85,6 +99,7 @@ async def test_missing_weights_fail_clearly_and_leave_the_engine_serving(engine,
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_a_request_in_flight_continues_under_the_new_version(engine, model_path):
+    original = buckets_of(AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32))
     """Suspend -> update -> resume: the request keeps the tokens it had and samples the rest
     under the new weights; each token records the version that sampled it."""
     before = engine.version
@@ -96,7 +111,7 @@ async def test_a_request_in_flight_continues_under_the_new_version(engine, model
         if progress is not None and progress.produced >= 5:
             break
         await asyncio.sleep(0.002)
-    await engine.update_weights(before + 1, model_path)
+    await engine.update_weights(before + 1, original)
     sample = await request
     assert len(sample.token_ids) == 400
     assert sample.versions[0] == before and sample.versions[-1] == before + 1

@@ -1,8 +1,10 @@
 import torch
 
 from rollart.activities.train import TrainActivities
+from rollart.blobs import LocalBlobs
 from rollart.policy.trainer import Trainer, layout
 from rollart.store import TurnRecord
+from rollart.weights import Publisher, Puller
 
 
 def test_layout_trains_only_sampled_tokens_in_engine_order():
@@ -18,8 +20,13 @@ def test_layout_trains_only_sampled_tokens_in_engine_order():
     assert seq.versions == [-1, -1, 2, -1, 3, 3]
 
 
+def train_activities(model_path, tmp_path) -> TrainActivities:
+    return TrainActivities(Trainer(model_path, learning_rate=1e-3),
+                           Publisher(LocalBlobs(tmp_path), None, "run", bucket_mib=1))
+
+
 def test_a_new_run_starts_from_the_configured_model(model_path, tmp_path):
-    activities = TrainActivities(Trainer(model_path, tmp_path, learning_rate=1e-3))
+    activities = train_activities(model_path, tmp_path)
     first = next(activities.trainer.model.parameters())
     original = first.detach().clone()
 
@@ -36,13 +43,10 @@ def test_a_new_run_starts_from_the_configured_model(model_path, tmp_path):
     assert torch.equal(next(activities.trainer.model.parameters()), original)
 
 
-def test_publishing_keeps_the_current_and_previous_version_only(model_path, tmp_path):
-    activities = TrainActivities(Trainer(model_path, tmp_path, learning_rate=1e-3))
-    activities.begin_run("first")
-    for version in (29, 30):
-        activities.trainer.version = version
-        activities.trainer.publish()
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["v000029", "v000030"]
-    start = activities.begin_run("second")  # a new run's v0 sorts before the old versions
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["v000000"]
-    assert start.weights_path.endswith("v000000")
+def test_begin_run_publishes_version_zero_for_the_engines(model_path, tmp_path):
+    activities = train_activities(model_path, tmp_path)
+    start = activities.begin_run("first")
+    manifest = Puller(LocalBlobs(tmp_path)).manifest(start.weights_prefix)
+    assert manifest is not None and manifest.version == 0
+    names = {t.name for b in manifest.buckets for t in b.tensors}
+    assert names == {n for n, _ in activities.trainer.model.named_parameters()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import subprocess
+from pathlib import Path
 
 import envs_for_tests  # noqa: F401  (registers the test environments)
 import pytest
@@ -74,7 +75,7 @@ async def test_sync_never_trains_on_an_older_version(temporal_server, engine, tm
         assert metrics.ratio_max == pytest.approx(1.0, abs=1e-3)
     store = TrajectoryStore(config.store_dir)
     versions = {tuple(sorted({v for r in store.read(p.name) for v in r.versions}))
-                for p in config.store_dir.iterdir()}
+                for p in Path(config.store_dir).iterdir()}
     assert versions == {(0,), (1,)}
 
 

@@ -13,9 +13,11 @@ from temporalio.exceptions import is_cancelled_exception
 from temporalio.testing import ActivityEnvironment
 
 from rollart.activities.generate import GenerateActivities
+from rollart.blobs import LocalBlobs
 from rollart.config import SamplingConfig
 from rollart.contracts import GenerateRequest, TrajectoryResult, TrajectorySpec
 from rollart.store import TrajectoryStore
+from rollart.weights import Puller
 from rollart.workers.fleet import in_process_fleet
 from rollart.workflows.batch_rollout import BatchRolloutWorkflow
 from rollart.workflows.trajectory import TrajectoryWorkflow
@@ -105,7 +107,7 @@ async def test_cancelled_trajectory_releases_its_environment(temporal_server, en
 async def test_cancelled_generate_aborts_the_engine_request(engine, tmp_path):
     """A generate activity cancelled mid-request (here: the engine is paused, so the request
     cannot finish) aborts its vLLM request instead of leaving it to run."""
-    activities = GenerateActivities(engine)
+    activities = GenerateActivities(engine, Puller(LocalBlobs(tmp_path)))
     request = GenerateRequest(trajectory_id="abort-1", turn=0, observation="P F F F",
                               store_dir=str(tmp_path), sampling=SamplingConfig(),
                               action_vocabulary=None)

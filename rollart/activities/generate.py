@@ -15,6 +15,7 @@ from collections.abc import Awaitable
 from typing import TypeVar
 
 from temporalio import activity
+from temporalio.exceptions import ApplicationError
 
 from rollart.contracts import (
     GenerateRequest,
@@ -24,7 +25,8 @@ from rollart.contracts import (
     UpdateWeightsResult,
 )
 from rollart.policy.engine import PolicyEngine
-from rollart.store import TrajectoryStore, TurnRecord
+from rollart.store import StoreOpener, TurnRecord
+from rollart.weights import Puller
 from rollart.workflows.trajectory import CONTEXT_FULL
 
 T = TypeVar("T")
@@ -80,16 +82,20 @@ class ReplicaMeter:
 
 
 class GenerateActivities:
-    def __init__(self, engine: PolicyEngine, replica: str = "") -> None:
-        self.engine, self.replica = engine, replica
+    def __init__(self, engine: PolicyEngine, puller: Puller, replica: str = "",
+                 stores: StoreOpener | None = None) -> None:
+        self.engine, self.puller, self.replica = engine, puller, replica
+        self.stores = stores or StoreOpener()
         self.meter = ReplicaMeter(engine.config.max_num_seqs)
 
     @activity.defn(name="gen.generate")
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         engine, sampling = self.engine, request.sampling
-        store = TrajectoryStore(request.store_dir)
+        store = self.stores(request.store_dir)
         observation_ids = engine.encode(request.observation)
-        context = store.context_ids(request.trajectory_id, request.turn) + observation_ids
+        context = await asyncio.to_thread(store.context_ids, request.trajectory_id,
+                                          request.turn)
+        context += observation_ids
         allowed, max_tokens = None, sampling.max_tokens_per_turn
         if sampling.constrain_to_actions and request.action_vocabulary:
             allowed, max_tokens = engine.single_token_ids(request.action_vocabulary), 1
@@ -111,7 +117,7 @@ class GenerateActivities:
             request_id=f"{request.trajectory_id}.{request.turn}.{info.attempt}",
         ))
         self.meter.served(len(context), sample.cached_tokens, len(sample.token_ids))
-        store.write_turn(request.trajectory_id, TurnRecord(
+        await asyncio.to_thread(store.write_turn, request.trajectory_id, TurnRecord(
             turn=request.turn, observation_ids=observation_ids, sampled_ids=sample.token_ids,
             logprobs=sample.logprobs, versions=sample.versions, allowed_ids=allowed,
         ))
@@ -124,7 +130,25 @@ class GenerateActivities:
 
     @activity.defn(name="gen.update_weights")
     async def update_weights(self, request: UpdateWeightsRequest) -> UpdateWeightsResult:
+        """Pull the version while this replica keeps generating with the old one, then suspend
+        only to load it."""
+        manifest = await asyncio.to_thread(self.puller.manifest, request.weights_prefix,
+                                           request.version)
+        if manifest is None:
+            raise ApplicationError(f"weights v{request.version} are not published under "
+                                   f"{request.weights_prefix}", type="WeightsMissing")
+        blobs, pull = await asyncio.to_thread(self.puller.pull, manifest)
         metrics = self.meter.reset()
-        seconds = await self.engine.update_weights(request.version, request.weights_path)
-        return UpdateWeightsResult(version=request.version, seconds=seconds,
+        seconds = await self.engine.update_weights(request.version, blobs)
+        return UpdateWeightsResult(version=request.version, seconds=seconds, pull_s=pull.seconds,
+                                   bytes=pull.bytes, from_durable=pull.from_durable,
                                    replica=self.replica, metrics=metrics)
+
+    async def catch_up(self, weights_prefix: str) -> int:
+        """Load the newest published version, if any: a replica that starts mid-run must not
+        serve the base model. Returns the version now loaded."""
+        manifest = await asyncio.to_thread(self.puller.manifest, weights_prefix)
+        if manifest is not None and manifest.version > self.engine.version:
+            blobs, _ = await asyncio.to_thread(self.puller.pull, manifest)
+            await self.engine.update_weights(manifest.version, blobs)
+        return self.engine.version

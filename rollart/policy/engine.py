@@ -11,7 +11,6 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from rollart.config import EngineConfig
 
@@ -152,29 +151,16 @@ class PolicyEngine:
     def running_requests(self) -> int:
         return len(self._in_flight)
 
-    async def catch_up(self, weights_dir: Path) -> int:
-        """Load the newest version the trainer has published there, if any (a replica that
-        starts mid-run must not serve the base model); returns the version now loaded."""
-        published = sorted(weights_dir.glob("v[0-9]*[0-9]")) if weights_dir.is_dir() else []
-        for path in reversed(published):
-            if (path / "config.json").is_file():
-                version = int(path.name[1:])
-                if version > self.version:
-                    await self.update_weights(version, str(path))
-                break
-        return self.version
-
-    async def update_weights(self, version: int, weights_path: str) -> float:
-        """Suspend -> load -> resume. Requests in flight keep their tokens and recompute their KV
-        under the new weights; returns the seconds generation was suspended."""
-        if not Path(weights_path, "config.json").is_file():
-            raise FileNotFoundError(f"weights for version {version} are not at {weights_path}")
+    async def update_weights(self, version: int, buckets: list[bytes]) -> float:
+        """Suspend -> load -> resume, with the version's weights already in memory (safetensors
+        buckets, pulled while this engine kept generating). Requests in flight keep their tokens
+        and recompute their KV under the new weights; returns the seconds generation was
+        suspended."""
         async with self._update_lock:
             started = time.perf_counter()
             await self.llm.pause_generation(mode="keep", clear_cache=False)
             try:
-                await self.llm.collective_rpc("reload_weights",
-                                              kwargs={"weights_path": weights_path})
+                await self.llm.collective_rpc("load_weight_buckets", args=(buckets,))
                 await self.llm.collective_rpc("retie_word_embeddings")
                 await self.llm.reset_prefix_cache(reset_running_requests=True)
                 self.version = version

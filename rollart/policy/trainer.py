@@ -1,17 +1,19 @@
-"""The training side of the policy: a torch model that takes GRPO steps on stored trajectories
-and publishes each new version as a Hugging Face directory the engines reload from."""
+"""The training side of the policy: a torch model that takes GRPO steps on stored trajectories;
+its weights go out as named tensors (to the weight store) and its checkpoints to a blob store."""
 
 from __future__ import annotations
 
+import io
 import random
-import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
+from safetensors.torch import load as load_safetensors
+from safetensors.torch import save as save_safetensors
 
+from rollart.blobs import BlobStore
 from rollart.config import AlgorithmConfig
 from rollart.contracts import TrainResult, TrainSample
 from rollart.policy.grpo import (
@@ -23,8 +25,6 @@ from rollart.policy.grpo import (
     token_logprobs,
 )
 from rollart.store import TrajectoryStore, TurnRecord
-
-KEEP_VERSIONS = 2
 
 
 @dataclass
@@ -71,12 +71,11 @@ class _Batch:
 
 
 class Trainer:
-    def __init__(self, model_path: str, weights_dir: str | Path, learning_rate: float,
-                 seed: int = 0, threads: int | None = None) -> None:
+    def __init__(self, model_path: str, learning_rate: float, seed: int = 0,
+                 threads: int | None = None) -> None:
         if threads:
             torch.set_num_threads(threads)
         self.model_path, self.learning_rate, self.seed = model_path, learning_rate, seed
-        self.weights_dir = Path(weights_dir)
         self.reset()
 
     def reset(self) -> None:
@@ -155,10 +154,8 @@ class Trainer:
                                                                         strict=True)) / total
 
         self.version += 1
-        path = self.publish()
         return TrainResult(
             version=self.version,
-            weights_path=str(path),
             loss=sum(losses) / max(len(losses), 1),
             grad_norm=grad_norm,
             clip_fraction=sum(clip_fractions) / max(len(clip_fractions), 1),
@@ -199,17 +196,37 @@ class Trainer:
         logits = self.model(input_ids=batch.ids, attention_mask=batch.attention).logits[:, :-1]
         return token_logprobs(logits, batch.ids[:, 1:], temperature, batch.allowed)
 
-    def publish(self) -> Path:
-        """Write this version where the engines can reload it; drop versions nobody needs."""
-        path = self.weights_dir / f"v{self.version:06d}"
-        staging = path.with_name(path.name + ".staging")
-        self.model.save_pretrained(staging)
-        self.tokenizer.save_pretrained(staging)
-        if path.exists():
-            shutil.rmtree(path)
-        staging.rename(path)
-        keep = {f"v{v:06d}" for v in range(self.version - KEEP_VERSIONS + 1, self.version + 1)}
-        for old in self.weights_dir.glob("v[0-9]*"):
-            if old.name not in keep:  # by number: a new run's v0 must outlive the last run's
-                shutil.rmtree(old, ignore_errors=True)
-        return path
+    def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
+        """The weights an engine loads, by checkpoint name (a tied lm_head appears once, as the
+        embeddings)."""
+        for name, parameter in self.model.named_parameters():
+            yield name, parameter.detach()
+
+    def save_checkpoint(self, blobs: BlobStore, prefix: str) -> str:
+        """Model and optimizer at this version, then a pointer to it; returns the key prefix."""
+        where = f"{prefix}/v{self.version:06d}"
+        blobs.put(f"{where}/model.safetensors", save_safetensors(
+            {name: tensor.contiguous() for name, tensor in self.named_weights()}))
+        buffer = io.BytesIO()
+        torch.save({"optimizer": self.optimizer.state_dict(), "version": self.version}, buffer)
+        blobs.put(f"{where}/trainer.pt", buffer.getvalue())
+        blobs.put(f"{prefix}/latest", str(self.version).encode())
+        return where
+
+    def load_checkpoint(self, blobs: BlobStore, prefix: str) -> int | None:
+        """Restore the newest checkpoint under `prefix`; its version, or None if there is none."""
+        latest = blobs.get(f"{prefix}/latest")
+        if latest is None:
+            return None
+        where = f"{prefix}/v{int(latest):06d}"
+        model, state = blobs.get(f"{where}/model.safetensors"), blobs.get(f"{where}/trainer.pt")
+        if model is None or state is None:
+            raise FileNotFoundError(f"checkpoint {where} is incomplete")
+        tensors = load_safetensors(model)
+        with torch.no_grad():
+            for name, parameter in self.model.named_parameters():
+                parameter.copy_(tensors[name])
+        saved = torch.load(io.BytesIO(state), weights_only=True)
+        self.optimizer.load_state_dict(saved["optimizer"])
+        self.version = saved["version"]
+        return self.version

@@ -29,6 +29,23 @@ _install()
 
 
 class WeightSyncExtension:
+    def load_weight_buckets(self, buckets: list[bytes]) -> int:
+        """Reload every tensor in these safetensors blobs in place (checkpoint names, as the
+        trainer's model names them); returns how many were loaded."""
+        from safetensors.torch import load
+
+        loaded = 0
+
+        def tensors():
+            nonlocal loaded
+            for blob in buckets:
+                for item in load(blob).items():
+                    loaded += 1
+                    yield item
+
+        self.model_runner.reload_weights(weights_iterator=tensors())
+        return loaded
+
     def retie_word_embeddings(self) -> bool:
         """A checkpoint of a model with tied embeddings has no lm_head tensor, and vLLM's reload
         puts the old head back; copy the fresh embeddings into it."""

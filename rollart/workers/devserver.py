@@ -33,18 +33,64 @@ def port_open(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-class DevServer:
-    def __init__(self, db_file: Path, port: int = 7233, ui_port: int | None = 8233,
-                 log_file: Path | None = None, dynamic_config: dict[str, object] | None = None,
-                 ) -> None:
-        self.db_file, self.port, self.ui_port = Path(db_file), port, ui_port
-        self.log_file = log_file
-        self.dynamic_config = dynamic_config or {}
+class LocalServer:
+    """A server process listening on 127.0.0.1:`port`, started and stopped with its owner."""
+
+    name = "server"
+
+    def __init__(self, port: int, log_file: Path | None = None) -> None:
+        self.port, self.log_file = port, log_file
         self.process: subprocess.Popen | None = None
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def start(self, timeout_s: float = 60) -> LocalServer:
+        if port_open("127.0.0.1", self.port):
+            raise RuntimeError(f"{self.name}: port {self.port} on 127.0.0.1 is already in use; "
+                               "stop that server or choose another port")
+        log = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
+        self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout_s
+        while not port_open("127.0.0.1", self.port):
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.process.returncode} "
+                                   f"(log: {self.log_file})")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"{self.name} did not listen on {self.port}")
+            time.sleep(0.05)
+        return self
+
+    def stop(self) -> None:
+        if self.process and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+        self.process = None
+
+    def __enter__(self):
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+class DevServer(LocalServer):
+    name = "temporal.address (the Temporal dev server)"
+
+    def __init__(self, db_file: Path, port: int = 7233, ui_port: int | None = 8233,
+                 log_file: Path | None = None, dynamic_config: dict[str, object] | None = None,
+                 ) -> None:
+        super().__init__(port, log_file)
+        self.db_file, self.ui_port = Path(db_file), ui_port
+        self.dynamic_config = dynamic_config or {}
 
     def command(self) -> list[str]:
         cmd = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1",
@@ -61,34 +107,6 @@ class DevServer:
         return cmd
 
     def start(self, timeout_s: float = 60) -> DevServer:
-        if port_open("127.0.0.1", self.port):
-            raise RuntimeError(f"temporal.address: port {self.port} on 127.0.0.1 is already in "
-                               "use; stop that server or choose another port")
         self.db_file.parent.mkdir(parents=True, exist_ok=True)
-        log = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
-        self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + timeout_s
-        while not port_open("127.0.0.1", self.port):
-            if self.process.poll() is not None:
-                raise RuntimeError(f"the Temporal dev server exited with {self.process.returncode}"
-                                   f" (log: {self.log_file})")
-            if time.monotonic() > deadline:
-                self.stop()
-                raise TimeoutError(f"the Temporal dev server did not listen on {self.port}")
-            time.sleep(0.1)
+        super().start(timeout_s)
         return self
-
-    def stop(self) -> None:
-        if self.process and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-        self.process = None
-
-    def __enter__(self) -> DevServer:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()

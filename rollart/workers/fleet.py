@@ -70,6 +70,28 @@ async def in_process_fleet(config: RunConfig, engine=None,
             close()
 
 
+_BACKENDS: dict[str, tuple] = {}
+
+
+def _weight_backends(config: RunConfig, closers: list) -> tuple:
+    """One (primary, durable) pair of weight backends per process and run location: a Mooncake
+    client lends memory to the store, so replicas in one process share theirs."""
+    from rollart.weights import open_backends
+
+    key = f"{config.weights.model_dump_json()}|{config.weights_url}"
+    if key not in _BACKENDS:
+        _BACKENDS[key] = backends = open_backends(config)
+
+        def close() -> None:
+            _BACKENDS.pop(key, None)
+            for backend in backends:
+                if backend is not None:
+                    backend.close()
+
+        closers.append(close)
+    return _BACKENDS[key]
+
+
 class _all:  # enter and exit several workers as one
     def __init__(self, workers: list[Worker]) -> None:
         self.workers = workers
@@ -123,26 +145,38 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
         from rollart.activities.generate import GenerateActivities
         from rollart.policy.engine import PolicyEngine
         from rollart.policy.model import resolve_model_path
+        from rollart.store import StoreOpener
+        from rollart.weights import Puller
 
-        if engine is None:
-            engine = PolicyEngine(resolve_model_path(config.model.path, config.model.seed),
-                                  config.engine, seed=config.model.seed + replica)
-            closers.append(engine.shutdown)
-            await engine.start()
-            await engine.catch_up(config.weights_dir)
         queue = replica_queue("gen", pool, replica)
-        gen = GenerateActivities(engine, queue)
+        gen_engine = engine or PolicyEngine(
+            resolve_model_path(config.model.path, config.model.seed), config.engine,
+            seed=config.model.seed + replica)
+        gen = GenerateActivities(gen_engine, Puller(*_weight_backends(config, closers)), queue,
+                                 StoreOpener(config.storage))
+        if engine is None:
+            closers.append(gen_engine.shutdown)
+            await gen_engine.start()
+            version = await gen.catch_up(config.weights_prefix)
+            log.info("%s serves policy version %d", queue, version)
         return [Worker(client, task_queue=queue, activities=[gen.generate, gen.update_weights],
                        max_concurrent_activities=config.engine.max_num_seqs)]
     if role == "train":
         from rollart.activities.train import TrainActivities
+        from rollart.blobs import open_blobs
         from rollart.policy.model import resolve_model_path
         from rollart.policy.trainer import Trainer
+        from rollart.store import StoreOpener
+        from rollart.weights import Publisher
 
         trainer = Trainer(resolve_model_path(config.model.path, config.model.seed),
-                          config.weights_dir, config.algorithm.learning_rate,
-                          seed=config.model.seed, threads=config.trainer.threads)
-        train = TrainActivities(trainer)
+                          config.algorithm.learning_rate, seed=config.model.seed,
+                          threads=config.trainer.threads)
+        publisher = Publisher(*_weight_backends(config, closers), config.weights_prefix,
+                              config.weights.bucket_mib)
+        train = TrainActivities(trainer, publisher,
+                                open_blobs(config.checkpoint_url, config.storage),
+                                config.trainer.checkpoint_every, StoreOpener(config.storage))
         return [Worker(client, task_queue=pool_queue("train", pool),
                        activities=[train.step, train.begin_run],
                        activity_executor=ThreadPoolExecutor(max_workers=1),

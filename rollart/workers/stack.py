@@ -1,4 +1,5 @@
-"""The embedded stack for one machine: a dev server plus one process per fleet worker."""
+"""The embedded stack for one machine: a dev server, the Mooncake master when weights go through
+Mooncake, and one process per fleet worker."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import time
 from pathlib import Path
 
 from rollart.config import RunConfig
+from rollart.weights import MooncakeMaster, backend_choice
 from rollart.workers.devserver import DevServer
 
 
@@ -34,13 +36,19 @@ class Stack:
         self.server = DevServer(Path(config.run_dir) / "temporal.db", int(port),
                                 config.temporal.ui_port, self.logs / "temporal.log")
         self.start_server = start_server
+        self.mooncake: MooncakeMaster | None = None
+        if backend_choice(config) == "mooncake":
+            host, port = config.weights.mooncake_master.rsplit(":", 1)
+            self.mooncake = MooncakeMaster(int(port), self.logs / "mooncake_master.log")
         self.processes: dict[str, subprocess.Popen] = {}
 
     def start(self) -> Stack:
         self.logs.mkdir(parents=True, exist_ok=True)
         if self.start_server:
             self.server.start()
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        if self.mooncake is not None:
+            self.mooncake.start()
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self._storage_credentials())
         for name, command in worker_commands(self.config_file, self.config).items():
             log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (the child owns it)
             self.processes[name] = subprocess.Popen(command, stdout=log,
@@ -65,8 +73,20 @@ class Stack:
             except subprocess.TimeoutExpired:
                 process.kill()
         self.processes.clear()
+        if self.mooncake is not None:
+            self.mooncake.stop()
         if self.start_server:
             self.server.stop()
+
+    def _storage_credentials(self) -> dict[str, str]:
+        """The config's S3 credentials, handed to the workers through their environment (the
+        config file they read has none: credentials are never serialized)."""
+        storage, env = self.config.storage, {}
+        if storage.access_key_id:
+            env["AWS_ACCESS_KEY_ID"] = storage.access_key_id
+        if storage.secret_access_key:
+            env["AWS_SECRET_ACCESS_KEY"] = storage.secret_access_key.get_secret_value()
+        return env
 
     def __enter__(self) -> Stack:
         return self.start()

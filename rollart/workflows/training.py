@@ -224,7 +224,8 @@ class TrainingWorkflow:
             )
             trained = workflow.now()
             updates, missed = await self._update_replicas(
-                cfg, UpdateWeightsRequest(version=train.version, weights_path=train.weights_path))
+                cfg, UpdateWeightsRequest(version=train.version,
+                                          weights_prefix=train.weights_prefix))
             lags = Counter(state.version - g.start_version for g in groups for _ in g.completed)
             state.version = train.version
             decision = state.buffer.evict_stale(state.version)
@@ -235,6 +236,10 @@ class TrainingWorkflow:
         metrics = self._metrics(groups, train, lags, started, batch_ready, trained, updated)
         metrics.replicas = {u.replica: u.metrics for u in updates}
         metrics.missed_updates = missed
+        metrics.weight_push_s = train.push_s
+        metrics.weight_pull_s = _mean([u.pull_s for u in updates])
+        metrics.weight_exposed_s = _mean([u.seconds for u in updates])
+        metrics.weight_bytes = train.weight_bytes + sum(u.bytes for u in updates)
         return metrics
 
     def _metrics(self, groups: list[Group], train: TrainResult, lags: Counter, started,
