@@ -280,9 +280,11 @@ class RunConfig(StrictModel):
 
     @property
     def weights_prefix(self) -> str:
-        """This run's key prefix in the weight store (shared by every worker of the run)."""
-        digest = hashlib.sha1(self.storage_url.encode()).hexdigest()[:10]
-        return f"rollart/{Path(self.run_dir).name}-{digest}"
+        """This run's key prefix in the weight store, the same on every machine of the run: the
+        shared storage URL's digest, or the run directory's name."""
+        if self.storage.url:
+            return f"rollart/{hashlib.sha1(self.storage.url.encode()).hexdigest()[:12]}"
+        return f"rollart/{Path(self.run_dir).name}"
 
 
 def load_config(path: str | Path | None = None, **overrides: object) -> RunConfig:

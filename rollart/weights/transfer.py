@@ -1,7 +1,8 @@
 """Publishing a policy version as buckets plus a manifest, and pulling it back verified.
 
 A version is a list of buckets (safetensors blobs of about `bucket_mib` each) and a manifest that
-names every bucket's key, size and SHA-256 and every tensor's dtype and shape. The publisher
+names every bucket's key, size and CRC-32 (it catches truncation and corruption at ~3 GB/s,
+where SHA-256 runs at ~1 GB/s on these CPUs) and every tensor's dtype and shape. The publisher
 writes to the primary backend (Mooncake where installed) and, when asked, to a durable one (local
 files); a puller checks each bucket against the manifest, pulls it again if it came back missing
 or wrong, then takes it from the durable backend, and otherwise fails: a replica never loads a
@@ -10,8 +11,8 @@ silently wrong model.
 
 from __future__ import annotations
 
-import hashlib
 import time
+import zlib
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -31,7 +32,7 @@ class TensorEntry(BaseModel):
 class BucketEntry(BaseModel):
     key: str
     size: int
-    sha256: str
+    crc32: int
     tensors: list[TensorEntry]
 
 
@@ -117,7 +118,7 @@ class Publisher:
             key = f"{version_prefix(self.prefix, version)}/bucket{index:05d}"
             self._put(key, blob)
             entries.append(BucketEntry(key=key, size=len(blob),
-                                       sha256=hashlib.sha256(blob).hexdigest(),
+                                       crc32=zlib.crc32(blob),
                                        tensors=tensor_entries))
         manifest = Manifest(version=version, prefix=self.prefix, buckets=entries)
         self._put(manifest_key(self.prefix, version), manifest.model_dump_json().encode())
@@ -197,6 +198,6 @@ def _check(entry: BucketEntry, blob: bytes | None) -> str | None:
         return "missing (evicted?)"
     if len(blob) != entry.size:
         return f"{len(blob)} bytes, the manifest says {entry.size}"
-    if hashlib.sha256(blob).hexdigest() != entry.sha256:
+    if zlib.crc32(blob) != entry.crc32:
         return "checksum mismatch"
     return None
