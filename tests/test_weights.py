@@ -141,13 +141,13 @@ async def test_engine_updated_from_the_store_matches_a_fresh_engine(engine, mode
 
     trainer.model.save_pretrained(tmp_path / "fresh")
     trainer.tokenizer.save_pretrained(tmp_path / "fresh")
-    fresh = await PolicyEngine(str(tmp_path / "fresh"), EngineConfig(max_num_seqs=8)).start()
+    fresh = await PolicyEngine(str(tmp_path / "fresh"), EngineConfig()).start()  # same shapes
     prompts = ["P F F F | F H F H", "F F F H | H F F G", "3 + 4 =", "Left Right Up"]
     try:
         for prompt in prompts:
             ids = engine.encode(prompt)
-            ours = await engine.generate(ids, max_tokens=24, temperature=1e-6, ignore_eos=True)
-            theirs = await fresh.generate(ids, max_tokens=24, temperature=1e-6, ignore_eos=True)
+            ours = await engine.generate(ids, max_tokens=24, temperature=0.0, ignore_eos=True)
+            theirs = await fresh.generate(ids, max_tokens=24, temperature=0.0, ignore_eos=True)
             assert ours.token_ids == theirs.token_ids, prompt
             assert ours.versions == [version] * 24
     finally:

@@ -1,0 +1,56 @@
+"""Record the workflow histories that tests/test_replay.py replays.
+
+Runs a short training run (two iterations, so it has trained, updated and evicted) and a lone
+trajectory on a fresh dev server, and writes their histories as JSON beside this file. Rerun it
+only on purpose, when a workflow change is meant to break compatibility with running workflows:
+
+  .venv/bin/python tests/histories/record.py
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).parent
+sys.path.insert(0, str(HERE.parent))
+
+from conftest import make_config  # noqa: E402
+
+from rollart.contracts import TrainingStatus, TrajectoryResult, TrajectorySpec  # noqa: E402
+from rollart.workers.devserver import DevServer, free_port  # noqa: E402
+from rollart.workers.fleet import in_process_fleet  # noqa: E402
+from rollart.workflows.training import TrainingInput, TrainingWorkflow  # noqa: E402
+from rollart.workflows.trajectory import TrajectoryWorkflow  # noqa: E402
+
+
+async def record(server: DevServer, run_dir: Path) -> None:
+    config = make_config(server, run_dir, **{
+        "algorithm.group_size": 2, "algorithm.batch_size": 4, "algorithm.iterations": 2,
+        "algorithm.minibatches": 1, "domains.frozenlake.max_turns": 4})
+    async with in_process_fleet(config) as client:
+        await client.execute_workflow(
+            TrainingWorkflow.run, TrainingInput(config=config), id="replay-training",
+            task_queue=config.temporal.control_queue, result_type=TrainingStatus)
+        spec = TrajectorySpec.for_domain(config, "frozenlake", "replay-trajectory", "g", seed=3)
+        await client.execute_workflow(
+            TrajectoryWorkflow.run, spec, id=spec.trajectory_id,
+            task_queue=config.temporal.control_queue, result_type=TrajectoryResult)
+        children = [w.id async for w in client.list_workflows(
+            "WorkflowType='TrajectoryWorkflow' AND WorkflowId STARTS_WITH 'replay-training'")]
+        for workflow_id in ("replay-training", "replay-trajectory", sorted(children)[0]):
+            history = await client.get_workflow_handle(workflow_id).fetch_history()
+            (HERE / f"{workflow_id}.json").write_text(history.to_json())
+            print(f"recorded {workflow_id}: {len(history.events)} events")
+
+
+def main() -> None:
+    with tempfile.TemporaryDirectory() as tmp:
+        with DevServer(Path(tmp) / "temporal.db", free_port(), None) as server:
+            asyncio.run(record(server, Path(tmp) / "run"))
+
+
+if __name__ == "__main__":
+    main()
