@@ -48,12 +48,17 @@ def make_config(temporal_server: DevServer, run_dir: Path, **overrides) -> RunCo
     return load_config(None, **overrides)
 
 
-def weed_port() -> int:
-    """A free port whose SeaweedFS gRPC twin (port + 10000) is free and valid too."""
-    while True:
+def weed_ports(count: int) -> list[int]:
+    """Free ports whose SeaweedFS gRPC twins (port + 10000) are free too, all distinct."""
+    taken: set[int] = set()
+    ports: list[int] = []
+    while len(ports) < count:
         port = free_port()
-        if port < 55000 and not port_open("127.0.0.1", port + 10000):
-            return port
+        pair = {port, port + 10000}
+        if port < 55000 and not taken & pair and not port_open("127.0.0.1", port + 10000):
+            ports.append(port)
+            taken |= pair
+    return ports
 
 
 @dataclass
@@ -68,13 +73,14 @@ class SeaweedS3(LocalServer):
     name = "SeaweedFS S3"
 
     def __init__(self, data: Path) -> None:
-        super().__init__(weed_port(), data / "weed.log")
+        s3, *self.others = weed_ports(5)
+        super().__init__(s3, data / "weed.log")
         self.data = data
 
     def command(self) -> list[str]:
         weed = Path(sys.executable).parent / "weed"
         binary = str(weed) if weed.exists() else shutil.which("weed")
-        master, volume, filer, iceberg = (weed_port() for _ in range(4))
+        master, volume, filer, iceberg = self.others
         return [binary, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={self.data}",
                 "-s3", f"-s3.port={self.port}", f"-master.port={master}",
                 f"-volume.port={volume}", f"-filer.port={filer}", f"-s3.port.iceberg={iceberg}",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import io
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -213,20 +213,32 @@ class Trainer:
         blobs.put(f"{prefix}/latest", str(self.version).encode())
         return where
 
-    def load_checkpoint(self, blobs: BlobStore, prefix: str) -> int | None:
-        """Restore the newest checkpoint under `prefix`; its version, or None if there is none."""
-        latest = blobs.get(f"{prefix}/latest")
-        if latest is None:
-            return None
-        where = f"{prefix}/v{int(latest):06d}"
+    def load_checkpoint(self, blobs: BlobStore, prefix: str,
+                        version: int | None = None) -> int | None:
+        """Restore the checkpoint of `version` (default: the newest) under `prefix`; its
+        version, or None if there is none."""
+        if version is None:
+            latest = blobs.get(f"{prefix}/latest")
+            if latest is None:
+                return None
+            version = int(latest)
+        where = f"{prefix}/v{version:06d}"
         model, state = blobs.get(f"{where}/model.safetensors"), blobs.get(f"{where}/trainer.pt")
+        if model is None and state is None:
+            return None
         if model is None or state is None:
             raise FileNotFoundError(f"checkpoint {where} is incomplete")
-        tensors = load_safetensors(model)
+        saved = torch.load(io.BytesIO(state), weights_only=True)
+        self.load_weights(load_safetensors(model).items(), saved["version"])
+        self.optimizer.load_state_dict(saved["optimizer"])
+        return self.version
+
+    def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Take these weights (every trainable tensor, by name) as `version`."""
+        named = dict(tensors)
         with torch.no_grad():
             for name, parameter in self.model.named_parameters():
-                parameter.copy_(tensors[name])
-        saved = torch.load(io.BytesIO(state), weights_only=True)
-        self.optimizer.load_state_dict(saved["optimizer"])
-        self.version = saved["version"]
-        return self.version
+                if name not in named:
+                    raise KeyError(f"weights of version {version} lack {name}")
+                parameter.copy_(named[name])
+        self.version = version

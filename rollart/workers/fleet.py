@@ -167,14 +167,14 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
         from rollart.policy.model import resolve_model_path
         from rollart.policy.trainer import Trainer
         from rollart.store import StoreOpener
-        from rollart.weights import Publisher
+        from rollart.weights import Publisher, Puller
 
         trainer = Trainer(resolve_model_path(config.model.path, config.model.seed),
                           config.algorithm.learning_rate, seed=config.model.seed,
                           threads=config.trainer.threads)
-        publisher = Publisher(*_weight_backends(config, closers), config.weights_prefix,
-                              config.weights.bucket_mib)
-        train = TrainActivities(trainer, publisher,
+        backends = _weight_backends(config, closers)
+        publisher = Publisher(*backends, config.weights_prefix, config.weights.bucket_mib)
+        train = TrainActivities(trainer, publisher, Puller(*backends),
                                 open_blobs(config.checkpoint_url, config.storage),
                                 config.trainer.checkpoint_every, StoreOpener(config.storage))
         return [Worker(client, task_queue=pool_queue("train", pool),

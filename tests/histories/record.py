@@ -47,9 +47,9 @@ async def record(server: DevServer, run_dir: Path) -> None:
 
 
 def main() -> None:
-    with tempfile.TemporaryDirectory() as tmp:
-        with DevServer(Path(tmp) / "temporal.db", free_port(), None) as server:
-            asyncio.run(record(server, Path(tmp) / "run"))
+    with tempfile.TemporaryDirectory() as tmp, DevServer(
+            Path(tmp) / "temporal.db", free_port(), None) as server:
+        asyncio.run(record(server, Path(tmp) / "run"))
 
 
 if __name__ == "__main__":
