@@ -83,7 +83,7 @@ async def scheduling(client, base: dict) -> dict:
     results = {}
     for label, sigma in SCHEDULING_SIGMAS.items():
         latency = {"step_median_s": 0.05, "step_sigma": sigma}
-        config = load_config(None, **{**base, "domains.frozenlake.latency": latency,
+        config = load_config(None, **{**base, "domains.frozenlake.faults": latency,
                                       "domains.frozenlake.env": "corridor",
                                       "domains.frozenlake.max_turns": SCHEDULING_TURNS})
         specs = [TrajectorySpec.for_domain(config, "frozenlake", f"sched-{label}-{kind}-{i}",
@@ -113,7 +113,7 @@ async def main(args: argparse.Namespace) -> dict:
     base = {"temporal.address": server.address, "run_dir": str(work),
             "algorithm.group_size": 8, "algorithm.batch_size": args.batch,
             "algorithm.iterations": args.max_iterations,
-            "algorithm.stop_at_success": args.target, "domains.frozenlake.latency": LATENCY}
+            "algorithm.stop_at_success": args.target, "domains.frozenlake.faults": LATENCY}
     results = {}
     try:
         async with in_process_fleet(load_config(None, **base), engine) as client:

@@ -12,7 +12,7 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SecretStr, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, model_validator
 
 Role = Literal["env", "gen", "reward", "train"]
 
@@ -44,13 +44,31 @@ class SamplingConfig(StrictModel):
     )
 
 
-class InjectedLatency(StrictModel):
-    """Synthetic environment latency for tests and benchmarks (the long tail of real envs)."""
+class InjectedFaults(StrictModel):
+    """Synthetic environment trouble for tests and benchmarks: the long tail of real envs'
+    latency, transient failures and hangs."""
 
     step_median_s: float = Field(0.0, ge=0, description="Median of lognormal step delays.")
     step_sigma: float = Field(1.0, ge=0, description="Lognormal sigma: the tail's weight.")
     slow_reset_share: float = Field(0.0, ge=0, le=1)
     slow_reset_s: float = Field(0.0, ge=0)
+    step_failure_rate: float = Field(0.0, ge=0, le=1, description="Share of step attempts that "
+                                     "fail with a transient error before touching the env.")
+    step_hang_rate: float = Field(0.0, ge=0, le=1, description="Share of step attempts that hang "
+                                  "for hang_s before touching the env.")
+    hang_s: float = Field(3600.0, ge=0)
+
+
+class EnvTimeouts(StrictModel):
+    """Bounds on environment activities: a hung env is detected and retried with backoff."""
+
+    reset_s: float = Field(60.0, gt=0, description="Start-to-close timeout of one reset attempt.")
+    step_s: float = Field(60.0, gt=0, description="Start-to-close timeout of one step attempt.")
+    pickup_s: float = Field(
+        60.0, gt=0, description="A step no worker picks up in this time (the env worker holding "
+        "the episode is gone) fails the trajectory instead of waiting forever.")
+    attempts: int = Field(3, ge=1, description="Attempts per reset/step; the interval doubles.")
+    first_retry_s: float = Field(1.0, gt=0)
 
 
 class DomainConfig(StrictModel):
@@ -71,7 +89,10 @@ class DomainConfig(StrictModel):
     gen_pool: str = "cpu"
     gen_fallback: list[str] = Field(default_factory=list)
     reward_pool: str = "cpu"
-    latency: InjectedLatency = Field(default_factory=InjectedLatency)
+    timeouts: EnvTimeouts = Field(default_factory=EnvTimeouts)
+    faults: InjectedFaults = Field(
+        default_factory=InjectedFaults,
+        validation_alias=AliasChoices("faults", "latency"))  # "latency": runs started earlier
 
 
 class RoutingConfig(StrictModel):
@@ -155,6 +176,9 @@ class AlgorithmConfig(StrictModel):
 class TrainerConfig(StrictModel):
     pool: str = "cpu"
     threads: int | None = Field(None, ge=1, description="torch threads; None lets torch choose.")
+    heartbeat_s: float = Field(
+        120.0, gt=0, description="A train step silent this long (the trainer died) is retried "
+        "on a live trainer; it heartbeats after every minibatch.")
     checkpoint_every: int = Field(
         10, ge=0, description="Save model and optimizer every this many versions (0: never).")
 

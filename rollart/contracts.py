@@ -13,7 +13,8 @@ from pydantic import BaseModel, Field, computed_field
 
 from rollart.config import (
     AlgorithmConfig,
-    InjectedLatency,
+    EnvTimeouts,
+    InjectedFaults,
     RoutingConfig,
     RunConfig,
     SamplingConfig,
@@ -38,7 +39,8 @@ class TrajectorySpec(BaseModel):
     store_dir: str
     sampling: SamplingConfig
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
-    latency: InjectedLatency = Field(default_factory=InjectedLatency)
+    env_timeouts: EnvTimeouts = Field(default_factory=EnvTimeouts)
+    faults: InjectedFaults = Field(default_factory=InjectedFaults)
     start_version: int = Field(0, description="Rollout policy version when this one started.")
 
     @classmethod
@@ -57,7 +59,7 @@ class TrajectorySpec(BaseModel):
             gen_pools=[(p.name, p.replicas) for p in config.gen_pools(task)],
             reward_queue=pool_queue("reward", task.reward_pool),
             store_dir=str(config.store_dir), sampling=sampling, routing=config.routing,
-            latency=task.latency, start_version=start_version,
+            env_timeouts=task.timeouts, faults=task.faults, start_version=start_version,
         )
 
 
@@ -66,7 +68,7 @@ class EnvResetRequest(BaseModel):
     env_name: str
     env_kwargs: dict[str, object] = Field(default_factory=dict)
     seed: int
-    latency: InjectedLatency = Field(default_factory=InjectedLatency)
+    faults: InjectedFaults = Field(default_factory=InjectedFaults)
 
 
 class EnvResetResult(BaseModel):
@@ -80,7 +82,7 @@ class EnvResetResult(BaseModel):
 class EnvStepRequest(BaseModel):
     trajectory_id: str
     action: str
-    latency: InjectedLatency = Field(default_factory=InjectedLatency)
+    faults: InjectedFaults = Field(default_factory=InjectedFaults)
 
 
 class EnvStepResult(BaseModel):

@@ -46,3 +46,21 @@ class SlowStep(FrozenLakeEnv):
 
     def close(self) -> None:
         SlowStep.closed.append(str(id(self)))
+
+
+@register_env("counting")
+class CountingCorridor:
+    """Never ends; counts the steps it really took, per seed (how tests tell a retried step from
+    a step taken twice)."""
+
+    action_vocabulary = ["Left", "Right"]
+    steps: dict[int, int] = {}
+
+    def reset(self, seed: int):
+        self.seed = seed
+        CountingCorridor.steps[seed] = 0
+        return "F P F", {}
+
+    def step(self, action: str) -> StepResult:
+        CountingCorridor.steps[self.seed] += 1
+        return StepResult("F P F", 0.0, False)

@@ -4,19 +4,19 @@ import pytest
 from temporalio.exceptions import ApplicationError
 
 from rollart.activities.env import EnvActivities
-from rollart.config import InjectedLatency
+from rollart.config import InjectedFaults
 from rollart.contracts import EnvResetRequest, EnvStepRequest
 
 
 def test_injected_latency_delays_resets_and_steps():
     envs = EnvActivities("q")
-    slow = InjectedLatency(slow_reset_share=1.0, slow_reset_s=0.3, step_median_s=0.1,
+    slow = InjectedFaults(slow_reset_share=1.0, slow_reset_s=0.3, step_median_s=0.1,
                            step_sigma=0.0)
     started = time.perf_counter()
-    envs.reset(EnvResetRequest(trajectory_id="t", env_name="frozenlake", seed=0, latency=slow))
+    envs.reset(EnvResetRequest(trajectory_id="t", env_name="frozenlake", seed=0, faults=slow))
     assert time.perf_counter() - started >= 0.3
     started = time.perf_counter()
-    envs.step(EnvStepRequest(trajectory_id="t", action="Down", latency=slow))
+    envs.step(EnvStepRequest(trajectory_id="t", action="Down", faults=slow))
     assert 0.1 <= time.perf_counter() - started < 0.5
 
 

@@ -24,6 +24,7 @@ class EnvActivities:
     def __init__(self, worker_queue: str) -> None:
         self.worker_queue = worker_queue
         self.envs: dict[str, Env] = {}
+        self.attempts: dict[str, tuple[str, int]] = {}  # latest step attempt per trajectory
         self._lock = threading.Lock()
 
     @activity.defn(name="env.check")
@@ -40,8 +41,8 @@ class EnvActivities:
 
     @activity.defn(name="env.reset")
     def reset(self, request: EnvResetRequest) -> EnvResetResult:
-        if random.random() < request.latency.slow_reset_share:
-            time.sleep(request.latency.slow_reset_s)
+        if random.random() < request.faults.slow_reset_share:
+            time.sleep(request.faults.slow_reset_s)
         try:
             env = make_env(request.env_name, **request.env_kwargs)
         except UnknownEnvironmentError as err:
@@ -66,9 +67,7 @@ class EnvActivities:
                 f"no live environment for {request.trajectory_id} on {self.worker_queue} "
                 "(the env worker restarted?)", type="EnvironmentLost", non_retryable=True,
             )
-        if request.latency.step_median_s > 0:
-            time.sleep(random.lognormvariate(math.log(request.latency.step_median_s),
-                                             request.latency.step_sigma))
+        self._inject(request)
         try:
             result = env.step(request.action)
         except Exception as err:
@@ -83,10 +82,31 @@ class EnvActivities:
                              terminated=result.terminated, truncated=result.truncated,
                              info=result.info)
 
+    def _inject(self, request: EnvStepRequest) -> None:
+        """Synthetic latency, transient failures and hangs, all before the env is touched, so a
+        retried step is still the same step."""
+        faults, attempt = request.faults, ("direct", 0)
+        if activity.in_activity():
+            attempt = (activity.info().activity_id, activity.info().attempt)
+        with self._lock:
+            self.attempts[request.trajectory_id] = attempt
+        if faults.step_median_s > 0:
+            time.sleep(random.lognormvariate(math.log(faults.step_median_s), faults.step_sigma))
+        if random.random() < faults.step_failure_rate:
+            raise ApplicationError("injected transient env failure", type="InjectedFault")
+        if random.random() < faults.step_hang_rate:
+            time.sleep(faults.hang_s)
+            with self._lock:
+                superseded = self.attempts.get(request.trajectory_id) != attempt
+            if superseded:  # timed out meanwhile and retried: this attempt must not step
+                raise ApplicationError("hung env step superseded by its retry",
+                                       type="InjectedFault")
+
     @activity.defn(name="env.close")
     def close(self, trajectory_id: str) -> None:
         with self._lock:
             env = self.envs.pop(trajectory_id, None)
+            self.attempts.pop(trajectory_id, None)
         closer = getattr(env, "close", None)
         if closer is not None:
             closer()

@@ -137,9 +137,9 @@ class GenerateActivities:
         if manifest is None:
             raise ApplicationError(f"weights v{request.version} are not published under "
                                    f"{request.weights_prefix}", type="WeightsMissing")
-        blobs, pull = await asyncio.to_thread(self.puller.pull, manifest)
+        blobs, pull = await _heartbeating(asyncio.to_thread(self.puller.pull, manifest))
         metrics = self.meter.reset()
-        seconds = await self.engine.update_weights(request.version, blobs)
+        seconds = await _heartbeating(self.engine.update_weights(request.version, blobs))
         return UpdateWeightsResult(version=request.version, seconds=seconds, pull_s=pull.seconds,
                                    bytes=pull.bytes, from_durable=pull.from_durable,
                                    replica=self.replica, metrics=metrics)

@@ -40,6 +40,7 @@ class Stack:
         if backend_choice(config) == "mooncake":
             host, port = config.weights.mooncake_master.rsplit(":", 1)
             self.mooncake = MooncakeMaster(int(port), self.logs / "mooncake_master.log")
+        self.commands = worker_commands(config_file, config)
         self.processes: dict[str, subprocess.Popen] = {}
 
     def start(self) -> Stack:
@@ -48,12 +49,22 @@ class Stack:
             self.server.start()
         if self.mooncake is not None:
             self.mooncake.start()
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **self._storage_credentials())
-        for name, command in worker_commands(self.config_file, self.config).items():
-            log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (the child owns it)
-            self.processes[name] = subprocess.Popen(command, stdout=log,
-                                                    stderr=subprocess.STDOUT, env=env)
+        for name in self.commands:
+            self.spawn(name)
         return self
+
+    def spawn(self, name: str) -> None:
+        """Start (or start again) the worker process `name`."""
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self._storage_credentials())
+        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (the child owns it)
+        self.processes[name] = subprocess.Popen(self.commands[name], stdout=log,
+                                                stderr=subprocess.STDOUT, env=env)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL the worker process `name`, as a crash would (tests and chaos runs)."""
+        process = self.processes[name]
+        process.kill()
+        process.wait()
 
     def check_alive(self) -> None:
         for name, process in self.processes.items():

@@ -41,8 +41,8 @@ with workflow.unsafe.imports_passed_through():
     from rollart.workflows.trajectory import DONE_SIGNAL, TrajectoryWorkflow
 
 TRAIN_TIMEOUT = timedelta(minutes=30)
-TRAIN_HEARTBEAT = timedelta(minutes=2)
 UPDATE_TIMEOUT = timedelta(minutes=5)
+UPDATE_HEARTBEAT = timedelta(seconds=20)
 CHECK_TIMEOUT = timedelta(minutes=10)
 RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                     maximum_attempts=3)
@@ -219,7 +219,8 @@ class TrainingWorkflow:
                                          reward=r.reward) for r in kept],
                 ),
                 result_type=TrainResult, task_queue=pool_queue("train", cfg.trainer.pool),
-                start_to_close_timeout=TRAIN_TIMEOUT, heartbeat_timeout=TRAIN_HEARTBEAT,
+                start_to_close_timeout=TRAIN_TIMEOUT,
+                heartbeat_timeout=timedelta(seconds=cfg.trainer.heartbeat_s),
                 retry_policy=RETRY,
             )
             trained = workflow.now()
@@ -282,7 +283,8 @@ class TrainingWorkflow:
             workflow.execute_activity(
                 "gen.update_weights", request, result_type=UpdateWeightsResult, task_queue=queue,
                 schedule_to_start_timeout=timedelta(seconds=cfg.routing.schedule_to_start_s),
-                start_to_close_timeout=UPDATE_TIMEOUT, retry_policy=RETRY,
+                start_to_close_timeout=UPDATE_TIMEOUT, heartbeat_timeout=UPDATE_HEARTBEAT,
+                retry_policy=RETRY,
             )
             for queue in queues
         ), return_exceptions=True)

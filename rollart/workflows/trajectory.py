@@ -38,25 +38,31 @@ with workflow.unsafe.imports_passed_through():
     )
     from rollart.workflows.routing import ReleaseRequest, RouteDecision, RouteRequest
 
-ENV_TIMEOUT = timedelta(seconds=60)
 GENERATE_TIMEOUT = timedelta(seconds=120)
 GENERATE_HEARTBEAT = timedelta(seconds=10)
 REWARD_TIMEOUT = timedelta(seconds=60)
-ENV_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
-                        maximum_attempts=3)
+REWARD_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
+                           maximum_attempts=3)
 GENERATE_ATTEMPTS = 5
 ROUTE_TIMEOUT = timedelta(seconds=10)
 CONTEXT_FULL = "context_full"
 DONE_SIGNAL = "trajectory_done"
 
 
+def _env_retry(spec: TrajectorySpec) -> RetryPolicy:
+    timeouts = spec.env_timeouts
+    return RetryPolicy(initial_interval=timedelta(seconds=timeouts.first_retry_s),
+                       backoff_coefficient=2.0, maximum_attempts=timeouts.attempts)
+
+
 async def reset_env(spec: TrajectorySpec) -> EnvResetResult:
     return await workflow.execute_activity(
         "env.reset",
         EnvResetRequest(trajectory_id=spec.trajectory_id, env_name=spec.env_name,
-                        env_kwargs=spec.env_kwargs, seed=spec.seed, latency=spec.latency),
+                        env_kwargs=spec.env_kwargs, seed=spec.seed, faults=spec.faults),
         result_type=EnvResetResult, task_queue=spec.env_queue,
-        start_to_close_timeout=ENV_TIMEOUT, retry_policy=ENV_RETRY,
+        start_to_close_timeout=timedelta(seconds=spec.env_timeouts.reset_s),
+        retry_policy=_env_retry(spec),
     )
 
 
@@ -124,16 +130,20 @@ async def _release(spec: TrajectorySpec, request_id: str, outcome: str) -> None:
 async def step_env(spec: TrajectorySpec, worker_queue: str, action: str) -> EnvStepResult:
     return await workflow.execute_activity(
         "env.step",
-        EnvStepRequest(trajectory_id=spec.trajectory_id, action=action, latency=spec.latency),
+        EnvStepRequest(trajectory_id=spec.trajectory_id, action=action, faults=spec.faults),
         result_type=EnvStepResult, task_queue=worker_queue,
-        start_to_close_timeout=ENV_TIMEOUT, retry_policy=ENV_RETRY,
+        schedule_to_start_timeout=timedelta(seconds=spec.env_timeouts.pickup_s),
+        start_to_close_timeout=timedelta(seconds=spec.env_timeouts.step_s),
+        retry_policy=_env_retry(spec),
     )
 
 
 async def close_env(spec: TrajectorySpec, worker_queue: str) -> None:
     await workflow.execute_activity(
         "env.close", spec.trajectory_id, task_queue=worker_queue,
-        start_to_close_timeout=ENV_TIMEOUT, retry_policy=ENV_RETRY,
+        schedule_to_start_timeout=timedelta(seconds=spec.env_timeouts.pickup_s),
+        start_to_close_timeout=timedelta(seconds=spec.env_timeouts.step_s),
+        retry_policy=_env_retry(spec),
     )
 
 
@@ -144,7 +154,7 @@ async def score(spec: TrajectorySpec, rewards: list[float],
         RewardRequest(trajectory_id=spec.trajectory_id, env_name=spec.env_name,
                       env_rewards=rewards, final_info=info),
         result_type=RewardResult, task_queue=spec.reward_queue,
-        start_to_close_timeout=REWARD_TIMEOUT, retry_policy=ENV_RETRY,
+        start_to_close_timeout=REWARD_TIMEOUT, retry_policy=REWARD_RETRY,
     )
 
 

@@ -1,0 +1,62 @@
+"""The long tail of environments: transient failures are retried with backoff, a hung env is
+detected within its bounds, and neither ever takes an env step twice."""
+
+from __future__ import annotations
+
+import envs_for_tests
+import pytest
+from conftest import make_config
+from temporalio.client import WorkflowFailureError
+
+from rollart.contracts import TrajectoryResult, TrajectorySpec
+from rollart.workers.fleet import in_process_fleet
+from rollart.workflows.trajectory import TrajectoryWorkflow
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+ROLLOUT_ROLES = ("control", "env", "reward", "gen")
+
+
+def faulty_config(temporal_server, tmp_path, **faults):
+    return make_config(temporal_server, tmp_path, **{
+        "domains.frozenlake.env": "counting", "domains.frozenlake.max_turns": 4,
+        "domains.frozenlake.faults": faults,
+        "domains.frozenlake.timeouts": {"step_s": 1.0, "attempts": 8, "first_retry_s": 0.1},
+    })
+
+
+async def run(client, config, tid: str, seed: int) -> TrajectoryResult:
+    spec = TrajectorySpec.for_domain(config, "frozenlake", tid, "g", seed=seed)
+    return await client.execute_workflow(TrajectoryWorkflow.run, spec, id=tid,
+                                         task_queue=config.temporal.control_queue,
+                                         result_type=TrajectoryResult)
+
+
+async def test_transient_env_failures_are_retried(temporal_server, engine, tmp_path):
+    config = faulty_config(temporal_server, tmp_path, step_failure_rate=0.4)
+    async with in_process_fleet(config, engine, ROLLOUT_ROLES) as client:
+        results = [await run(client, config, f"flaky-{seed}", 9100 + seed) for seed in range(3)]
+        history = await client.get_workflow_handle("flaky-0").fetch_history()
+    assert all(r.status == "completed" and r.turns == 4 for r in results)
+    assert all(envs_for_tests.CountingCorridor.steps[9100 + s] == 4 for s in range(3))
+    assert history.events  # the retries live in Temporal, not in the env
+
+
+async def test_a_hung_env_is_detected_and_its_retry_does_not_step_twice(temporal_server, engine,
+                                                                        tmp_path):
+    config = faulty_config(temporal_server, tmp_path, step_hang_rate=0.5, hang_s=2.0)
+    async with in_process_fleet(config, engine, ROLLOUT_ROLES) as client:
+        result = await run(client, config, "hangs-then-goes-on", 9200)
+    assert result.status == "completed" and result.turns == 4
+    assert envs_for_tests.CountingCorridor.steps[9200] == 4
+
+
+async def test_an_env_that_always_hangs_fails_its_trajectory_clearly(temporal_server, engine,
+                                                                     tmp_path):
+    config = faulty_config(temporal_server, tmp_path, step_hang_rate=1.0, hang_s=2.0)
+    config.domains["frozenlake"].timeouts.attempts = 2
+    async with in_process_fleet(config, engine, ROLLOUT_ROLES) as client:
+        with pytest.raises(WorkflowFailureError) as failed:
+            await run(client, config, "always-hangs", 9300)
+    message = str(failed.value.cause)
+    assert "failed in step (turn 0)" in message and "StartToClose timeout" in message
+    assert envs_for_tests.CountingCorridor.steps[9300] == 0
