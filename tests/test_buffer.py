@@ -103,6 +103,10 @@ def test_supply_rule_per_mode():
     assert groups_to_start("one_off", 1, 4, outstanding=0, training=False) == 4
     assert groups_to_start("one_off", 1, 4, outstanding=4, training=False) == 4
     assert groups_to_start("one_off", 1, 4, outstanding=4, training=True) == 0
+    # a group that failed out of a running batch is replaced, so that batch can still fill
+    assert groups_to_start("sync", 0, 4, outstanding=3, training=False) == 1
+    assert groups_to_start("one_off", 1, 4, outstanding=6, training=False) == 2
+    assert groups_to_start("one_off", 1, 4, outstanding=5, training=True) == 0
     # async: group by group, up to alpha + 1 batches (alpha while training)
     assert groups_to_start("async", 2, 4, outstanding=5, training=False) == 7
     assert groups_to_start("async", 2, 4, outstanding=5, training=True) == 3

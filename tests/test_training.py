@@ -108,3 +108,32 @@ async def test_temporal_cli_starts_a_run(temporal_server, engine, tmp_path):
         handle = client.get_workflow_handle("cli-started", result_type=TrainingStatus)
         status = await handle.result()
     assert status.done and status.version == 1 and status.ledger.trained == 4
+
+
+async def test_a_child_terminated_by_hand_is_counted_and_the_run_goes_on(temporal_server,
+                                                                         engine, tmp_path):
+    config = make_config(temporal_server, tmp_path, **{
+        "domains.frozenlake.env": "slow", "domains.frozenlake.kwargs": {"delay_s": 0.5},
+        "domains.frozenlake.max_turns": 3, "algorithm.mode": "sync",
+        "algorithm.group_size": 2, "algorithm.batch_size": 4, "algorithm.iterations": 2,
+        "algorithm.minibatches": 1,
+    })
+    async with in_process_fleet(config, engine) as client:
+        handle = await client.start_workflow(
+            TrainingWorkflow.run, TrainingInput(config=config), id="terminated-child",
+            task_queue=config.temporal.control_queue, result_type=TrainingStatus)
+        victim = None
+        for _ in range(200):
+            running = [w.id async for w in client.list_workflows(
+                "WorkflowType='TrajectoryWorkflow' AND ExecutionStatus='Running' "
+                "AND WorkflowId STARTS_WITH 'terminated-child'")]
+            if running:
+                victim = running[0]
+                break
+            await asyncio.sleep(0.1)
+        assert victim is not None
+        await client.get_workflow_handle(victim).terminate(reason="operator")
+        status = await asyncio.wait_for(handle.result(), timeout=300)
+    assert status.iteration == 2
+    assert status.ledger.failed >= 1 and status.ledger.in_flight == 0
+    assert any("ended without reporting" in f for f in status.failures)

@@ -3,7 +3,9 @@ Mooncake, and one process per fleet worker."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -57,13 +59,16 @@ class Stack:
         """Start (or start again) the worker process `name`."""
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self._storage_credentials())
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (the child owns it)
+        # A session of its own: stopping or killing a worker reaches its engine processes too.
         self.processes[name] = subprocess.Popen(self.commands[name], stdout=log,
-                                                stderr=subprocess.STDOUT, env=env)
+                                                stderr=subprocess.STDOUT, env=env,
+                                                start_new_session=True)
 
     def kill(self, name: str) -> None:
-        """SIGKILL the worker process `name`, as a crash would (tests and chaos runs)."""
+        """SIGKILL the worker `name` and its children, as a machine crash would (chaos runs)."""
         process = self.processes[name]
-        process.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
         process.wait()
 
     def check_alive(self) -> None:
@@ -83,6 +88,8 @@ class Stack:
                 process.wait(max(deadline - time.monotonic(), 0.1))
             except subprocess.TimeoutExpired:
                 process.kill()
+            with contextlib.suppress(ProcessLookupError):  # engine processes left behind
+                os.killpg(process.pid, signal.SIGKILL)
         self.processes.clear()
         if self.mooncake is not None:
             self.mooncake.stop()

@@ -36,11 +36,12 @@ def groups_to_start(mode: str, alpha: int, per_batch: int, outstanding: int,
     version, so a group started with B batches ahead of it is trained B versions later, and one
     started while the trainer trains sees one version more: keeping at most
     per_batch * (alpha + 1) groups outstanding, one batch fewer while training, means nothing
-    started is doomed to go stale. sync and one_off start whole batches."""
+    started is doomed to go stale. sync and one_off start whole batches, and replace groups that
+    failed out of a batch (else that batch could never fill)."""
     room = per_batch * (alpha + 1 - (1 if training else 0)) - outstanding
-    if mode == "async":
+    if mode == "async" or room <= 0:
         return max(room, 0)
-    return per_batch if room >= per_batch else 0
+    return per_batch if room >= per_batch else min(room, -outstanding % per_batch)
 
 
 class Group(BaseModel):

@@ -18,7 +18,12 @@ from datetime import timedelta
 from pydantic import BaseModel, Field
 from temporalio import workflow
 from temporalio.common import RetryPolicy
-from temporalio.exceptions import ActivityError, ApplicationError, TimeoutError
+from temporalio.exceptions import (
+    ActivityError,
+    ApplicationError,
+    ChildWorkflowError,
+    TimeoutError,
+)
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
@@ -43,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
 TRAIN_TIMEOUT = timedelta(minutes=30)
 UPDATE_TIMEOUT = timedelta(minutes=5)
 UPDATE_HEARTBEAT = timedelta(seconds=20)
+STARTUP_PICKUP = timedelta(minutes=10)  # engines may still be loading when a run starts
 CHECK_TIMEOUT = timedelta(minutes=10)
 RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                     maximum_attempts=3)
@@ -149,7 +155,7 @@ class TrainingWorkflow:
             task_queue=pool_queue("train", cfg.trainer.pool),
             start_to_close_timeout=UPDATE_TIMEOUT, retry_policy=RETRY,
         )
-        await self._update_replicas(cfg, initial)
+        await self._update_replicas(cfg, initial, pickup=STARTUP_PICKUP)
 
     async def _stop_supply(self, supply: asyncio.Task) -> None:
         """Stop starting groups, but never in the middle of starting one: a group whose members
@@ -187,7 +193,7 @@ class TrainingWorkflow:
         state.groups_started += 1
         specs = [TrajectorySpec.for_domain(cfg, domain, tid, group_id, seed, state.version)
                  for tid in members]
-        await asyncio.gather(*(
+        handles = await asyncio.gather(*(
             workflow.start_child_workflow(
                 TrajectoryWorkflow.run, spec, id=spec.trajectory_id,
                 task_queue=cfg.temporal.control_queue,
@@ -195,6 +201,22 @@ class TrainingWorkflow:
             )
             for spec in specs
         ))
+        for spec, handle in zip(specs, handles, strict=True):
+            asyncio.create_task(self._watch(spec, handle))
+
+    async def _watch(self, spec: TrajectorySpec, handle) -> None:
+        """A child that ended without reporting (terminated by hand, or failed while its report
+        could not be sent) is settled as failed here, so its group never waits for it."""
+        try:
+            await handle
+        except ChildWorkflowError as err:
+            if self.state.buffer.owner(spec.trajectory_id) is None:
+                return  # it reported, or we evicted it
+            cause = err.cause.message if err.cause is not None else str(err)
+            await self.trajectory_done(TrajectoryResult(
+                trajectory_id=spec.trajectory_id, group_id=spec.group_id, domain=spec.domain,
+                status="failed", start_version=spec.start_version,
+                error=f"trajectory {spec.trajectory_id} ended without reporting: {cause}"))
 
     async def _iteration(self, cfg: RunConfig) -> IterationMetrics:
         state, algo = self.state, cfg.algorithm
@@ -273,6 +295,7 @@ class TrainingWorkflow:
                 workflow.logger.info("cancel of %s found it ended", tid)
 
     async def _update_replicas(self, cfg: RunConfig, request: UpdateWeightsRequest,
+                               pickup: timedelta | None = None,
                                ) -> tuple[list[UpdateWeightsResult], list[str]]:
         """Suspend -> update -> resume on every replica any domain may route to. A replica with
         no live worker misses the update (and is listed); it loads the newest published version
@@ -282,7 +305,8 @@ class TrainingWorkflow:
         outcomes = await asyncio.gather(*(
             workflow.execute_activity(
                 "gen.update_weights", request, result_type=UpdateWeightsResult, task_queue=queue,
-                schedule_to_start_timeout=timedelta(seconds=cfg.routing.schedule_to_start_s),
+                schedule_to_start_timeout=pickup or timedelta(
+                    seconds=cfg.routing.schedule_to_start_s),
                 start_to_close_timeout=UPDATE_TIMEOUT, heartbeat_timeout=UPDATE_HEARTBEAT,
                 retry_policy=RETRY,
             )

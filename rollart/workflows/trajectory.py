@@ -236,10 +236,16 @@ class TrajectoryWorkflow:
         })
 
     async def _release_env(self, spec: TrajectorySpec) -> None:
+        """Best effort: the env worker may be gone (its episodes with it), and a trajectory must
+        still end and report."""
         if not self.open_env:
             return
         self.open_env = False
-        await close_env(spec, self.env_queue)
+        try:
+            await close_env(spec, self.env_queue)
+        except ActivityError as err:
+            workflow.logger.warning("could not close the env of %s: %s", spec.trajectory_id,
+                                    err.cause.message if err.cause else err)
 
     async def _report(self, result: TrajectoryResult) -> None:
         parent = workflow.info().parent
