@@ -49,6 +49,8 @@ TRAIN_TIMEOUT = timedelta(minutes=30)
 UPDATE_TIMEOUT = timedelta(minutes=5)
 UPDATE_HEARTBEAT = timedelta(seconds=20)
 STARTUP_PICKUP = timedelta(minutes=10)  # engines may still be loading when a run starts
+REPLICA_WAIT = timedelta(minutes=10)
+REPLICA_RETRY = timedelta(seconds=5)
 CHECK_TIMEOUT = timedelta(minutes=10)
 RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                     maximum_attempts=3)
@@ -299,9 +301,26 @@ class TrainingWorkflow:
                                ) -> tuple[list[UpdateWeightsResult], list[str]]:
         """Suspend -> update -> resume on every replica any domain may route to. A replica with
         no live worker misses the update (and is listed); it loads the newest published version
-        when its worker starts again."""
+        when its worker starts again. With no live replica at all the run waits for one (up to
+        REPLICA_WAIT), since rollout cannot go on without."""
         queues = [replica_queue("gen", pool.name, k) for pool in cfg.serving_gen_pools()
                   for k in range(pool.replicas)]
+        deadline = workflow.now() + REPLICA_WAIT
+        while True:
+            updated, missed = await self._update_round(cfg, request, queues, pickup)
+            if updated:
+                return updated, missed
+            if workflow.now() > deadline:
+                raise ApplicationError(f"no generation replica took weights v{request.version} "
+                                       f"for {REPLICA_WAIT}: none of {queues} has a live worker",
+                                       type="NoReplicas")
+            workflow.logger.warning("no live generation replica for v%d; waiting",
+                                    request.version)
+            await workflow.sleep(REPLICA_RETRY)
+
+    async def _update_round(self, cfg: RunConfig, request: UpdateWeightsRequest,
+                            queues: list[str], pickup: timedelta | None,
+                            ) -> tuple[list[UpdateWeightsResult], list[str]]:
         outcomes = await asyncio.gather(*(
             workflow.execute_activity(
                 "gen.update_weights", request, result_type=UpdateWeightsResult, task_queue=queue,
@@ -322,9 +341,6 @@ class TrainingWorkflow:
                 raise outcome
             else:
                 updated.append(outcome)
-        if not updated:
-            raise ApplicationError(f"no generation replica took weights v{request.version}: "
-                                   f"none of {queues} has a live worker", type="NoReplicas")
         return updated, missed
 
 
