@@ -108,14 +108,18 @@ def backend_choice(config: RunConfig) -> str:
     return config.weights.backend
 
 
-def open_backends(config: RunConfig) -> tuple[WeightBackend, WeightBackend | None]:
-    """(primary, durable) weight backends for this run's config."""
+def open_backends(config: RunConfig, lend: bool = True,
+                  ) -> tuple[WeightBackend, WeightBackend | None]:
+    """(primary, durable) weight backends for this run's config. Only a publisher should `lend`
+    memory to the Mooncake store: objects placed in a replica's memory would vanish with the
+    replica, and the master keeps placing new ones there until it notices."""
     from rollart.blobs import open_blobs
 
     durable = open_blobs(config.weights_url, config.storage)
     if backend_choice(config) == "local":
         return durable, None
     weights = config.weights
-    primary = MooncakeBackend(weights.mooncake_master, weights.mooncake_segment_mib,
+    primary = MooncakeBackend(weights.mooncake_master,
+                              weights.mooncake_segment_mib if lend else 0,
                               weights.mooncake_buffer_mib)
     return primary, durable if weights.durable_copy else None

@@ -11,6 +11,7 @@ silently wrong model.
 
 from __future__ import annotations
 
+import logging
 import time
 import zlib
 from collections.abc import Iterable, Iterator
@@ -20,7 +21,9 @@ from pydantic import BaseModel, Field
 from safetensors.torch import load as load_safetensors
 from safetensors.torch import save as save_safetensors
 
-from rollart.weights.backends import WeightBackend
+from rollart.weights.backends import BackendError, WeightBackend
+
+log = logging.getLogger("rollart.weights")
 
 
 class TensorEntry(BaseModel):
@@ -137,8 +140,15 @@ class Publisher:
             self.published.discard(version)
 
     def _put(self, key: str, data: bytes) -> None:
-        for backend in self._backends():
-            backend.put(key, data)
+        """Into every backend; with a durable copy, a failing primary only costs speed."""
+        if self.durable is None:
+            self.primary.put(key, data)
+            return
+        try:
+            self.primary.put(key, data)
+        except BackendError as err:
+            log.warning("%s; replicas will read %s from %s", err, key, self.durable.name)
+        self.durable.put(key, data)
 
     def _backends(self) -> list[WeightBackend]:
         return [self.primary] + ([self.durable] if self.durable is not None else [])

@@ -73,14 +73,14 @@ async def in_process_fleet(config: RunConfig, engine=None,
 _BACKENDS: dict[str, tuple] = {}
 
 
-def _weight_backends(config: RunConfig, closers: list) -> tuple:
-    """One (primary, durable) pair of weight backends per process and run location: a Mooncake
-    client lends memory to the store, so replicas in one process share theirs."""
+def _weight_backends(config: RunConfig, closers: list, lend: bool) -> tuple:
+    """One (primary, durable) pair of weight backends per process, run location and role (a
+    publisher lends memory to the Mooncake store, a replica does not)."""
     from rollart.weights import open_backends
 
-    key = f"{config.weights.model_dump_json()}|{config.weights_url}"
+    key = f"{config.weights.model_dump_json()}|{config.weights_url}|{lend}"
     if key not in _BACKENDS:
-        _BACKENDS[key] = backends = open_backends(config)
+        _BACKENDS[key] = backends = open_backends(config, lend)
 
         def close() -> None:
             _BACKENDS.pop(key, None)
@@ -152,8 +152,8 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
         gen_engine = engine or PolicyEngine(
             resolve_model_path(config.model.path, config.model.seed), config.engine,
             seed=config.model.seed + replica)
-        gen = GenerateActivities(gen_engine, Puller(*_weight_backends(config, closers)), queue,
-                                 StoreOpener(config.storage))
+        puller = Puller(*_weight_backends(config, closers, lend=False))
+        gen = GenerateActivities(gen_engine, puller, queue, StoreOpener(config.storage))
         if engine is None:
             closers.append(gen_engine.shutdown)
             await gen_engine.start()
@@ -172,7 +172,7 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
         trainer = Trainer(resolve_model_path(config.model.path, config.model.seed),
                           config.algorithm.learning_rate, seed=config.model.seed,
                           threads=config.trainer.threads)
-        backends = _weight_backends(config, closers)
+        backends = _weight_backends(config, closers, lend=True)
         publisher = Publisher(*backends, config.weights_prefix, config.weights.bucket_mib)
         train = TrainActivities(trainer, publisher, Puller(*backends),
                                 open_blobs(config.checkpoint_url, config.storage),
