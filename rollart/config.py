@@ -220,10 +220,26 @@ class PoolConfig(StrictModel):
 
 
 class TemporalConfig(StrictModel):
+    """Where the Temporal server is and how to talk to it. Secrets are named, not held: the API
+    key and the payload key are read from environment variables."""
+
     address: str = "127.0.0.1:7233"
     namespace: str = "default"
     ui_port: int = 8233
     control_queue: str = "rollart.control"
+    tls: bool = Field(False, description="TLS to the server (on whenever an API key is used).")
+    tls_ca_path: str | None = Field(None, description="CA of the server's certificate; None: "
+                                    "the system's roots.")
+    tls_cert_path: str | None = Field(None, description="Client certificate, for mTLS.")
+    tls_key_path: str | None = Field(None, description="Client private key, for mTLS.")
+    tls_server_name: str | None = None
+    api_key_env: str | None = Field(
+        None, description="Environment variable holding an API key (e.g. Temporal Cloud).")
+    encryption_key_env: str | None = Field(
+        None, description="Environment variable holding a base64 AES key: every payload in "
+        "histories is encrypted (`rollart codec-server` lets the Web UI show them).")
+    codec_endpoint: str | None = Field(
+        None, description="The codec server the embedded Web UI asks to decode payloads.")
 
 
 def default_pools() -> list[PoolConfig]:

@@ -5,6 +5,7 @@
   rollart worker           one fleet worker (--role env|gen|reward|train|control)
   rollart start            start a TrainingWorkflow on a running stack (the SDK path)
   rollart ui RUN_DIR       reopen a finished run's histories in the Web UI
+  rollart codec-server     decode encrypted payloads for the Web UI (temporal.encryption_key_env)
 """
 
 from __future__ import annotations
@@ -203,7 +204,7 @@ def cmd_ui(args: argparse.Namespace) -> int:
     db = run_dir / "temporal.db"
     if not db.exists():
         raise SystemExit(f"{db} does not exist: is {run_dir} a rollart run directory?")
-    with DevServer(db, args.port, args.ui_port):
+    with DevServer(db, args.port, args.ui_port, codec_endpoint=args.codec_endpoint):
         print(f"Web UI: http://127.0.0.1:{args.ui_port}/namespaces/default/workflows "
               "(Ctrl-C stops)", flush=True)
         try:
@@ -211,6 +212,32 @@ def cmd_ui(args: argparse.Namespace) -> int:
                 time.sleep(1)
         except KeyboardInterrupt:
             pass
+    return 0
+
+
+def cmd_codec_server(args: argparse.Namespace) -> int:
+    from rollart.workers.codec import codec_from_env, codec_server
+
+    config = _config(args)
+    try:
+        codec = codec_from_env(config.temporal.encryption_key_env)
+    except ValueError as err:
+        raise SystemExit(f"invalid config:\n  {err}") from None
+    if codec is None:
+        raise SystemExit("invalid config:\n  temporal.encryption_key_env: not set, so payloads "
+                         "are not encrypted and there is nothing to decode")
+    origin = args.ui_origin or f"http://127.0.0.1:{config.temporal.ui_port}"
+    server = codec_server(codec, args.port, origin)
+    print(f"codec server on http://127.0.0.1:{args.port} for the Web UI at {origin} "
+          "(set it as the UI's codec endpoint, or temporal.codec_endpoint); Ctrl-C stops",
+          flush=True)
+    _stop_on_sigterm()
+    try:
+        server.serve_forever()
+    except (KeyboardInterrupt, SystemExit):
+        pass
+    finally:
+        server.server_close()
     return 0
 
 
@@ -241,10 +268,15 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--workflow-id")
     start.add_argument("--wait", action="store_true")
     start.set_defaults(func=cmd_start)
+    codec = with_config(commands.add_parser("codec-server"))
+    codec.add_argument("--port", type=int, default=8081)
+    codec.add_argument("--ui-origin", help="the Web UI's origin (default: the config's UI)")
+    codec.set_defaults(func=cmd_codec_server)
     ui = commands.add_parser("ui")
     ui.add_argument("run_dir")
     ui.add_argument("--port", type=int, default=7233)
     ui.add_argument("--ui-port", type=int, default=8233)
+    ui.add_argument("--codec-endpoint", help="a `rollart codec-server`, for encrypted runs")
     ui.set_defaults(func=cmd_ui)
     return parser
 

@@ -87,10 +87,11 @@ class DevServer(LocalServer):
 
     def __init__(self, db_file: Path, port: int = 7233, ui_port: int | None = 8233,
                  log_file: Path | None = None, dynamic_config: dict[str, object] | None = None,
-                 ) -> None:
+                 codec_endpoint: str | None = None) -> None:
         super().__init__(port, log_file)
         self.db_file, self.ui_port = Path(db_file), ui_port
         self.dynamic_config = dynamic_config or {}
+        self.codec_endpoint = codec_endpoint
 
     def command(self) -> list[str]:
         cmd = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1",
@@ -104,6 +105,8 @@ class DevServer(LocalServer):
         else:
             cmd += ["--ui-ip", "127.0.0.1", "--ui-port", str(self.ui_port),
                     "--ui-disable-news-fetch"]
+            if self.codec_endpoint:
+                cmd += ["--ui-codec-endpoint", self.codec_endpoint]
         return cmd
 
     def start(self, timeout_s: float = 60) -> DevServer:

@@ -36,7 +36,8 @@ class Stack:
         self.logs = Path(config.run_dir) / "logs"
         host, port = config.temporal.address.rsplit(":", 1)
         self.server = DevServer(Path(config.run_dir) / "temporal.db", int(port),
-                                config.temporal.ui_port, self.logs / "temporal.log")
+                                config.temporal.ui_port, self.logs / "temporal.log",
+                                codec_endpoint=config.temporal.codec_endpoint)
         self.start_server = start_server
         self.mooncake: MooncakeMaster | None = None
         if backend_choice(config) == "mooncake":
