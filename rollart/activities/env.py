@@ -24,7 +24,11 @@ class EnvActivities:
     def __init__(self, worker_queue: str) -> None:
         self.worker_queue = worker_queue
         self.envs: dict[str, Env] = {}
-        self.attempts: dict[str, tuple[str, int]] = {}  # latest step attempt per trajectory
+        # per trajectory: a lock around its env, the latest attempt seen (activity id, attempt)
+        # and the last step taken (activity id, result)
+        self.env_locks: dict[str, threading.Lock] = {}
+        self.attempts: dict[str, tuple[str, int]] = {}
+        self.last_step: dict[str, tuple[str, EnvStepResult]] = {}
         self._lock = threading.Lock()
 
     @activity.defn(name="env.check")
@@ -53,6 +57,8 @@ class EnvActivities:
         observation, _ = env.reset(request.seed)
         with self._lock:
             self.envs[request.trajectory_id] = env
+            self.env_locks[request.trajectory_id] = threading.Lock()
+            self.last_step.pop(request.trajectory_id, None)
         return EnvResetResult(observation=observation, worker_queue=self.worker_queue,
                               action_vocabulary=getattr(env, "action_vocabulary", None),
                               answer_alphabet=getattr(env, "answer_alphabet", None),
@@ -60,52 +66,63 @@ class EnvActivities:
 
     @activity.defn(name="env.step")
     def step(self, request: EnvStepRequest) -> EnvStepResult:
+        """Exactly once per step. An attempt that timed out but still runs (hung, or starved of
+        CPU) does not step once its retry has started, and whichever of them steps first, the
+        other gets that result instead of stepping again (they share the step's activity id)."""
+        tid = request.trajectory_id
+        step_id, attempt = None, ("direct", 0)
+        if activity.in_activity():
+            step_id = activity.info().activity_id
+            attempt = (step_id, activity.info().attempt)
         with self._lock:
-            env = self.envs.get(request.trajectory_id)
+            env, env_lock = self.envs.get(tid), self.env_locks.get(tid)
+            self.attempts[tid] = attempt
         if env is None:
             raise ApplicationError(
-                f"no live environment for {request.trajectory_id} on {self.worker_queue} "
+                f"no live environment for {tid} on {self.worker_queue} "
                 "(the env worker restarted?)", type="EnvironmentLost", non_retryable=True,
             )
         self._inject(request)
-        try:
-            result = env.step(request.action)
-        except Exception as err:
-            # A step may have changed the env before raising: retrying it would not be the same
-            # step, so the trajectory fails with the env's own error.
-            self.close(request.trajectory_id)
-            raise ApplicationError(f"{type(err).__name__}: {err}", type="EnvironmentError",
-                                   non_retryable=True) from err
+        with self._lock:
+            superseded = self.attempts.get(tid) != attempt or self.envs.get(tid) is not env
+        if superseded:  # retried (or the episode ended) while this attempt was held up
+            raise ApplicationError("env step attempt superseded", type="StepSuperseded")
+        with env_lock:
+            done = self.last_step.get(tid)
+            if step_id is not None and done is not None and done[0] == step_id:
+                return done[1]
+            try:
+                result = env.step(request.action)
+            except Exception as err:
+                # A step may have changed the env before raising: retrying it would not be the
+                # same step, so the trajectory fails with the env's own error.
+                self.close(tid)
+                raise ApplicationError(f"{type(err).__name__}: {err}", type="EnvironmentError",
+                                       non_retryable=True) from err
+            out = EnvStepResult(observation=result.observation, reward=result.reward,
+                                terminated=result.terminated, truncated=result.truncated,
+                                info=result.info)
+            self.last_step[tid] = (step_id, out)
         if result.terminated or result.truncated:
-            self.close(request.trajectory_id)
-        return EnvStepResult(observation=result.observation, reward=result.reward,
-                             terminated=result.terminated, truncated=result.truncated,
-                             info=result.info)
+            self.close(tid)
+        return out
 
     def _inject(self, request: EnvStepRequest) -> None:
-        """Synthetic latency, transient failures and hangs, all before the env is touched, so a
-        retried step is still the same step."""
-        faults, attempt = request.faults, ("direct", 0)
-        if activity.in_activity():
-            attempt = (activity.info().activity_id, activity.info().attempt)
-        with self._lock:
-            self.attempts[request.trajectory_id] = attempt
+        """Synthetic latency, transient failures and hangs, all before the env is touched."""
+        faults = request.faults
         if faults.step_median_s > 0:
             time.sleep(random.lognormvariate(math.log(faults.step_median_s), faults.step_sigma))
         if random.random() < faults.step_failure_rate:
             raise ApplicationError("injected transient env failure", type="InjectedFault")
         if random.random() < faults.step_hang_rate:
             time.sleep(faults.hang_s)
-            with self._lock:
-                superseded = self.attempts.get(request.trajectory_id) != attempt
-            if superseded:  # timed out meanwhile and retried: this attempt must not step
-                raise ApplicationError("hung env step superseded by its retry",
-                                       type="InjectedFault")
 
     @activity.defn(name="env.close")
     def close(self, trajectory_id: str) -> None:
         with self._lock:
             env = self.envs.pop(trajectory_id, None)
+            self.env_locks.pop(trajectory_id, None)
+            self.last_step.pop(trajectory_id, None)
             self.attempts.pop(trajectory_id, None)
         closer = getattr(env, "close", None)
         if closer is not None:
