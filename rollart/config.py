@@ -89,6 +89,9 @@ class DomainConfig(StrictModel):
     gen_pool: str = "cpu"
     gen_fallback: list[str] = Field(default_factory=list)
     reward_pool: str = "cpu"
+    max_observation_chars: int = Field(
+        65536, ge=1, description="A longer observation fails its trajectory with a clear error "
+        "(it would travel through the workflow history and the model's context).")
     timeouts: EnvTimeouts = Field(default_factory=EnvTimeouts)
     faults: InjectedFaults = Field(
         default_factory=InjectedFaults,

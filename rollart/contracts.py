@@ -40,6 +40,7 @@ class TrajectorySpec(BaseModel):
     sampling: SamplingConfig
     routing: RoutingConfig = Field(default_factory=RoutingConfig)
     env_timeouts: EnvTimeouts = Field(default_factory=EnvTimeouts)
+    max_observation_chars: int = 65536
     faults: InjectedFaults = Field(default_factory=InjectedFaults)
     start_version: int = Field(0, description="Rollout policy version when this one started.")
 
@@ -59,7 +60,8 @@ class TrajectorySpec(BaseModel):
             gen_pools=[(p.name, p.replicas) for p in config.gen_pools(task)],
             reward_queue=pool_queue("reward", task.reward_pool),
             store_dir=str(config.store_dir), sampling=sampling, routing=config.routing,
-            env_timeouts=task.timeouts, faults=task.faults, start_version=start_version,
+            env_timeouts=task.timeouts, max_observation_chars=task.max_observation_chars,
+            faults=task.faults, start_version=start_version,
         )
 
 
@@ -69,6 +71,7 @@ class EnvResetRequest(BaseModel):
     env_kwargs: dict[str, object] = Field(default_factory=dict)
     seed: int
     faults: InjectedFaults = Field(default_factory=InjectedFaults)
+    max_observation_chars: int = 65536
 
 
 class EnvResetResult(BaseModel):
@@ -83,6 +86,7 @@ class EnvStepRequest(BaseModel):
     trajectory_id: str
     action: str
     faults: InjectedFaults = Field(default_factory=InjectedFaults)
+    max_observation_chars: int = 65536
 
 
 class EnvStepResult(BaseModel):

@@ -64,3 +64,19 @@ class CountingCorridor:
     def step(self, action: str) -> StepResult:
         CountingCorridor.steps[self.seed] += 1
         return StepResult("F P F", 0.0, False)
+
+
+@register_env("chatty")
+class Chatty:
+    """Answers every step with `size` characters."""
+
+    action_vocabulary = ["Left", "Right"]
+
+    def __init__(self, size: int = 100) -> None:
+        self.size = size
+
+    def reset(self, seed: int):
+        return "F P F", {}
+
+    def step(self, action: str) -> StepResult:
+        return StepResult("F " * (self.size // 2), 0.0, False)

@@ -60,3 +60,16 @@ async def test_an_env_that_always_hangs_fails_its_trajectory_clearly(temporal_se
     message = str(failed.value.cause)
     assert "failed in step (turn 0)" in message and "StartToClose timeout" in message
     assert envs_for_tests.CountingCorridor.steps[9300] == 0
+
+
+async def test_an_oversized_observation_fails_its_trajectory_clearly(temporal_server, engine,
+                                                                      tmp_path):
+    config = make_config(temporal_server, tmp_path, **{
+        "domains.frozenlake.env": "chatty", "domains.frozenlake.kwargs": {"size": 5000},
+        "domains.frozenlake.max_observation_chars": 1000})
+    async with in_process_fleet(config, engine, ROLLOUT_ROLES) as client:
+        with pytest.raises(WorkflowFailureError) as failed:
+            await run(client, config, "chatty-1", 1)
+    message = str(failed.value.cause)
+    assert "observation of 5000 characters" in message and "max_observation_chars" in message
+    assert "in step (turn 0)" in message

@@ -55,6 +55,7 @@ class EnvActivities:
             raise ApplicationError(f"env.kwargs: {err}", type="BadEnvConfig",
                                    non_retryable=True) from err
         observation, _ = env.reset(request.seed)
+        _check_size(observation, request.max_observation_chars, "reset")
         with self._lock:
             self.envs[request.trajectory_id] = env
             self.env_locks[request.trajectory_id] = threading.Lock()
@@ -99,6 +100,7 @@ class EnvActivities:
                 self.close(tid)
                 raise ApplicationError(f"{type(err).__name__}: {err}", type="EnvironmentError",
                                        non_retryable=True) from err
+            _check_size(result.observation, request.max_observation_chars, "step")
             out = EnvStepResult(observation=result.observation, reward=result.reward,
                                 terminated=result.terminated, truncated=result.truncated,
                                 info=result.info)
@@ -127,3 +129,11 @@ class EnvActivities:
         closer = getattr(env, "close", None)
         if closer is not None:
             closer()
+
+
+def _check_size(observation: str, limit: int, where: str) -> None:
+    if len(observation) > limit:
+        raise ApplicationError(
+            f"the env's {where} returned an observation of {len(observation)} characters, over "
+            f"domains.<name>.max_observation_chars ({limit})", type="ObservationTooLarge",
+            non_retryable=True)

@@ -59,7 +59,8 @@ async def reset_env(spec: TrajectorySpec) -> EnvResetResult:
     return await workflow.execute_activity(
         "env.reset",
         EnvResetRequest(trajectory_id=spec.trajectory_id, env_name=spec.env_name,
-                        env_kwargs=spec.env_kwargs, seed=spec.seed, faults=spec.faults),
+                        env_kwargs=spec.env_kwargs, seed=spec.seed, faults=spec.faults,
+                        max_observation_chars=spec.max_observation_chars),
         result_type=EnvResetResult, task_queue=spec.env_queue,
         start_to_close_timeout=timedelta(seconds=spec.env_timeouts.reset_s),
         retry_policy=_env_retry(spec),
@@ -130,7 +131,8 @@ async def _release(spec: TrajectorySpec, request_id: str, outcome: str) -> None:
 async def step_env(spec: TrajectorySpec, worker_queue: str, action: str) -> EnvStepResult:
     return await workflow.execute_activity(
         "env.step",
-        EnvStepRequest(trajectory_id=spec.trajectory_id, action=action, faults=spec.faults),
+        EnvStepRequest(trajectory_id=spec.trajectory_id, action=action, faults=spec.faults,
+                       max_observation_chars=spec.max_observation_chars),
         result_type=EnvStepResult, task_queue=worker_queue,
         schedule_to_start_timeout=timedelta(seconds=spec.env_timeouts.pickup_s),
         start_to_close_timeout=timedelta(seconds=spec.env_timeouts.step_s),
