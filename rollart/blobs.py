@@ -137,6 +137,3 @@ def open_blobs(url: str, config: StorageConfig | None = None) -> BlobStore:
         return S3Blobs(bucket, prefix, config)
     return LocalBlobs(url.removeprefix("file://"))
 
-
-def join(url: str, *parts: str) -> str:
-    return "/".join([url.rstrip("/"), *parts])

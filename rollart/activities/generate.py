@@ -26,7 +26,7 @@ from rollart.contracts import (
 )
 from rollart.policy.engine import PolicyEngine
 from rollart.store import StoreOpener, TurnRecord
-from rollart.weights import Puller
+from rollart.weights import Puller, PullStats
 from rollart.workflows.trajectory import CONTEXT_FULL
 
 T = TypeVar("T")
@@ -132,12 +132,11 @@ class GenerateActivities:
     async def update_weights(self, request: UpdateWeightsRequest) -> UpdateWeightsResult:
         """Pull the version while this replica keeps generating with the old one, then suspend
         only to load it."""
-        manifest = await asyncio.to_thread(self.puller.manifest, request.weights_prefix,
-                                           request.version)
-        if manifest is None:
+        pulled = await _heartbeating(self._pull(request.weights_prefix, request.version))
+        if pulled is None:
             raise ApplicationError(f"weights v{request.version} are not published under "
                                    f"{request.weights_prefix}", type="WeightsMissing")
-        blobs, pull = await _heartbeating(asyncio.to_thread(self.puller.pull, manifest))
+        _, blobs, pull = pulled
         metrics = self.meter.reset()
         seconds = await _heartbeating(self.engine.update_weights(request.version, blobs))
         return UpdateWeightsResult(version=request.version, seconds=seconds, pull_s=pull.seconds,
@@ -147,8 +146,17 @@ class GenerateActivities:
     async def catch_up(self, weights_prefix: str) -> int:
         """Load the newest published version, if any: a replica that starts mid-run must not
         serve the base model. Returns the version now loaded."""
-        manifest = await asyncio.to_thread(self.puller.manifest, weights_prefix)
-        if manifest is not None and manifest.version > self.engine.version:
-            blobs, _ = await asyncio.to_thread(self.puller.pull, manifest)
-            await self.engine.update_weights(manifest.version, blobs)
+        pulled = await self._pull(weights_prefix)
+        if pulled is not None and pulled[0] > self.engine.version:
+            await self.engine.update_weights(pulled[0], pulled[1])
         return self.engine.version
+
+    async def _pull(self, prefix: str, version: int | None = None,
+                    ) -> tuple[int, list[bytes], PullStats] | None:
+        """Version `version` (default: the newest) from the weight store, off the event loop so
+        generation goes on meanwhile; None if it is not published."""
+        manifest = await asyncio.to_thread(self.puller.manifest, prefix, version)
+        if manifest is None:
+            return None
+        blobs, stats = await asyncio.to_thread(self.puller.pull, manifest)
+        return manifest.version, blobs, stats

@@ -6,13 +6,11 @@ get then returns nothing).
 
 from __future__ import annotations
 
-import shutil
-import sys
 from pathlib import Path
 from typing import Protocol
 
 from rollart.config import RunConfig
-from rollart.workers.devserver import LocalServer, free_port
+from rollart.workers.devserver import LocalServer, free_port, installed_binary
 
 
 class WeightBackend(Protocol):
@@ -42,8 +40,7 @@ def mooncake_installed() -> bool:
 
 
 def master_binary() -> str | None:
-    beside_python = Path(sys.executable).parent / "mooncake_master"
-    return str(beside_python) if beside_python.exists() else shutil.which("mooncake_master")
+    return installed_binary("mooncake_master")
 
 
 class MooncakeBackend:

