@@ -30,11 +30,10 @@ from pathlib import Path
 from report import save
 from rich.console import Console
 from rich.table import Table
-from temporalio.api.enums.v1 import EventType
-from temporalio.contrib.pydantic import pydantic_data_converter
 
 from rollart.config import load_config
-from rollart.contracts import TrainingStatus, TrainRequest
+from rollart.contracts import TrainingStatus
+from rollart.workers.audit import trained_ids_by_iteration
 from rollart.workers.client import connect
 from rollart.workers.devserver import free_port
 from rollart.workers.stack import Stack
@@ -58,24 +57,6 @@ def chaos_config(run_dir: Path, iterations: int):
         "routing.schedule_to_start_s": 10, "routing.down_s": 10,
         "domains.frozenlake.timeouts": {"pickup_s": 20, "step_s": 30},
     })
-
-
-async def trained_ids_by_iteration(client) -> dict[int, list[str]]:
-    """Trajectory ids in each iteration's train.step input, over every run of the workflow."""
-    batches: dict[int, list[str]] = {}
-    async for execution in client.list_workflows(f"WorkflowId='{WORKFLOW_ID}'"):
-        handle = client.get_workflow_handle(WORKFLOW_ID, run_id=execution.run_id)
-        history = await handle.fetch_history()
-        for event in history.events:
-            if event.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
-                continue
-            attrs = event.activity_task_scheduled_event_attributes
-            if attrs.activity_type.name != "train.step":
-                continue
-            [request] = pydantic_data_converter.payload_converter.from_payloads(
-                attrs.input.payloads, [TrainRequest])
-            batches[request.iteration] = [s.trajectory_id for s in request.samples]
-    return batches
 
 
 async def chaos(config, config_file: Path, rng: random.Random, min_gap: float,
@@ -103,7 +84,7 @@ async def chaos(config, config_file: Path, rng: random.Random, min_gap: float,
             if time.monotonic() - started > 3600:
                 raise TimeoutError("the chaos run did not finish within an hour")
         status = result.result()
-        batches = await trained_ids_by_iteration(client)
+        batches = await trained_ids_by_iteration(client, WORKFLOW_ID)
         running = [w.id async for w in client.list_workflows(
             f"WorkflowType='TrajectoryWorkflow' AND ExecutionStatus='Running' "
             f"AND WorkflowId STARTS_WITH '{WORKFLOW_ID}'")]
