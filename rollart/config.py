@@ -243,6 +243,9 @@ class TemporalConfig(StrictModel):
         "histories is encrypted (`rollart codec-server` lets the Web UI show them).")
     codec_endpoint: str | None = Field(
         None, description="The codec server the embedded Web UI asks to decode payloads.")
+    search_attributes: bool = Field(
+        True, description="Tag workflows with RollartRun, RollartDomain, ... so the Web UI finds "
+        "a run's (failed) trajectories; registered in the namespace when a run starts.")
 
 
 def default_pools() -> list[PoolConfig]:

@@ -156,6 +156,8 @@ class TrainSample(BaseModel):
     trajectory_id: str
     group_id: str
     reward: float
+    turns: int | None = Field(None, description="Turns of the run that produced the result: "
+                              "a re-run's store may still hold later turns of the failed run.")
 
 
 class TrainRequest(BaseModel):
@@ -313,6 +315,10 @@ class TrainingStatus(BaseModel):
     failures: list[str] = Field(default_factory=list)
     mode: str = "sync"
     alpha: int = 0
-    late_results: int = 0
+    late_results: int = Field(0, description="Results for trajectories already settled, e.g. a "
+                              "re-run whose group was trained or evicted meanwhile.")
+    readmitted: int = Field(0, description="Re-runs of failed trajectories that re-entered the "
+                            "buffer (and moved from failed back to in flight).")
+    readmitted_ids: list[str] = Field(default_factory=list, description="The latest of them.")
     redundant_kept: RolloutShape = Field(default_factory=RolloutShape)
     redundant_cancelled: RolloutShape = Field(default_factory=RolloutShape)

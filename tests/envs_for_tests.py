@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 
 from rollart.envs import FrozenLakeEnv, StepResult, register_env
@@ -80,3 +81,28 @@ class Chatty:
 
     def step(self, action: str) -> StepResult:
         return StepResult("F " * (self.size // 2), 0.0, False)
+
+
+@register_env("replayable")
+class Replayable(FrozenLakeEnv):
+    """FrozenLake for the replay test: the next `fail_next` instances raise on their first step;
+    instances made while `hold` is set wait for `gate` before each step."""
+
+    fail_next = 0
+    hold = False
+    gate = threading.Event()
+    _lock = threading.Lock()
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        with Replayable._lock:
+            self.explodes = Replayable.fail_next > 0
+            Replayable.fail_next -= self.explodes
+        self.held = Replayable.hold
+
+    def step(self, action: str) -> StepResult:
+        if self.explodes:
+            raise RuntimeError("the simulator crashed")
+        if self.held:
+            Replayable.gate.wait()
+        return super().step(action)

@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollart.contracts import TrajectoryResult
-from rollart.workflows.buffer import SampleBuffer, admissible, groups_to_start
+from rollart.workflows.buffer import Decision, SampleBuffer, admissible, groups_to_start
 
 
 def done(tid: str, group: str, status: str = "completed") -> TrajectoryResult:
@@ -39,6 +39,40 @@ def test_a_group_without_two_survivors_is_evicted():
     assert buffer.take(1, version=0) == []
 
 
+def test_a_rerun_of_a_failed_member_re_enters_its_waiting_group():
+    buffer = SampleBuffer(alpha=1)
+    buffer.start_group("g", ["a", "b", "c"], start_version=0, target=3)
+    buffer.record(done("a", "g", status="failed"))
+    buffer.record(done("b", "g"))
+    assert buffer.ledger.failed == 1
+    decision = buffer.record(done("a", "g"))
+    assert decision.readmitted and buffer.readmitted == 1 and buffer.late_results == 0
+    buffer.record(done("c", "g"))
+    [group] = buffer.take(1, version=1)
+    assert sorted(r.trajectory_id for r in group.completed) == ["a", "b", "c"]
+    assert buffer.ledger.model_dump() == {"started": 3, "trained": 3, "failed": 0, "evicted": 0}
+
+
+def test_a_rerun_after_its_group_left_the_buffer_is_late():
+    for leave in ("trained", "stale", "full"):
+        buffer = SampleBuffer(alpha=0)
+        buffer.start_group("g", ["a", "b", "c", "d"], start_version=0,
+                           target=2 if leave == "full" else 3)
+        buffer.record(done("a", "g", status="failed"))
+        for tid in ("b", "c", "d"):
+            buffer.record(done(tid, "g"))
+        if leave == "trained":
+            buffer.take(1, version=0)
+        elif leave == "stale":
+            buffer.evict_stale(version=1)
+        before, late = buffer.ledger.model_copy(), buffer.late_results
+        decision = buffer.record(done("a", "g"))
+        assert not decision.readmitted and buffer.late_results == late + 1, leave
+        assert buffer.ledger == before, leave
+        assert buffer.record(done("a", "g", status="failed")) == Decision()
+        assert buffer.late_results == late + 2
+
+
 def test_fifo_waits_for_the_oldest_group_first_complete_does_not():
     for order, expected in (("fifo", []), ("first_complete", ["young"])):
         buffer = SampleBuffer(alpha=1, batch_order=order)
@@ -57,13 +91,16 @@ def test_fifo_waits_for_the_oldest_group_first_complete_does_not():
 def test_no_trained_trajectory_ever_violates_alpha(alpha, per_batch, group_size, redundancy,
                                                    order, data):
     """Random env latencies are random completion orders; random failures; the trainer takes a
-    batch whenever one is ready. Nothing older than alpha is ever handed out, groups stay whole
-    and the ledger always adds up."""
+    batch whenever one is ready; failed trajectories are re-run by hand at random times. Nothing
+    older than alpha is ever handed out, nothing is trained twice, groups stay whole and the
+    ledger always adds up."""
     buffer = SampleBuffer(alpha=alpha, batch_order=order)
     version, running, started_groups = 0, {}, 0
+    failed: dict[str, str] = {}
+    trained: set[str] = set()
     cap = per_batch * (alpha + 1)
     for _ in range(data.draw(st.integers(20, 200))):
-        action = data.draw(st.sampled_from(["start", "finish", "finish", "train"]))
+        action = data.draw(st.sampled_from(["start", "finish", "finish", "train", "rerun"]))
         if action == "start" and buffer.outstanding_groups() < cap:
             gid = f"g{started_groups}"
             started_groups += 1
@@ -73,7 +110,17 @@ def test_no_trained_trajectory_ever_violates_alpha(alpha, per_batch, group_size,
         elif action == "finish" and running:
             tid = data.draw(st.sampled_from(sorted(running)))
             status = data.draw(st.sampled_from(["completed"] * 5 + ["failed"]))
-            decision = buffer.record(done(tid, running.pop(tid), status))
+            gid = running.pop(tid)
+            decision = buffer.record(done(tid, gid, status))
+            if status == "failed":
+                failed[tid] = gid
+            for cancelled in decision.cancel:
+                running.pop(cancelled)
+        elif action == "rerun" and failed:
+            tid = data.draw(st.sampled_from(sorted(failed)))
+            decision = buffer.record(done(tid, failed[tid]))
+            if decision.readmitted:
+                del failed[tid]
             for cancelled in decision.cancel:
                 running.pop(cancelled)
         elif action == "train":
@@ -83,6 +130,9 @@ def test_no_trained_trajectory_ever_violates_alpha(alpha, per_batch, group_size,
                 assert {r.group_id for r in group.completed} == {group.group_id}
                 assert 2 <= len(group.completed) <= group_size
                 assert all(r.status == "completed" for r in group.completed)
+                ids = {r.trajectory_id for r in group.completed}
+                assert len(ids) == len(group.completed) and not ids & trained
+                trained |= ids
             if taken:
                 version += 1
                 for cancelled in buffer.evict_stale(version).cancel:

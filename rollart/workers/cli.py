@@ -4,6 +4,7 @@
   rollart stack            dev server + fleet workers, waiting for runs started elsewhere
   rollart worker           one fleet worker (--role env|gen|reward|train|control)
   rollart start            start a TrainingWorkflow on a running stack (the SDK path)
+  rollart replay ID        re-run a failed trajectory; its result re-enters the run if in time
   rollart ui RUN_DIR       reopen a finished run's histories in the Web UI
   rollart codec-server     decode encrypted payloads for the Web UI (temporal.encryption_key_env)
 """
@@ -86,14 +87,23 @@ def _write_config(config: RunConfig) -> Path:
 
 
 async def _start_workflow(config: RunConfig, workflow_id: str):
+    from rollart import search_attributes
     from rollart.contracts import TrainingStatus
     from rollart.workers.client import connect
     from rollart.workflows.training import TrainingInput
 
     client = await connect(config.temporal)
+    tags = None
+    if config.temporal.search_attributes:
+        try:
+            await search_attributes.register(client, config.temporal.namespace)
+        except RuntimeError as err:
+            raise SystemExit(str(err)) from None
+        tags = search_attributes.of_run(workflow_id)
     handle = await client.start_workflow(
         "TrainingWorkflow", TrainingInput(config=config), id=workflow_id,
         task_queue=config.temporal.control_queue, result_type=TrainingStatus,
+        search_attributes=tags,
     )
     return client, handle
 
@@ -136,7 +146,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         + (f", final success rate {last.success_rate:.2f}" if last else "")
         + f"\ntrajectories: started {ledger.started}, trained {ledger.trained}, "
         f"failed {ledger.failed}, evicted {ledger.evicted}"
-        f"\nrun directory: {run_dir}  (config.json, metrics.jsonl, "
+        + (f" ({status.readmitted} after a re-run)" if status.readmitted else "")
+        + f"\nrun directory: {run_dir}  (config.json, metrics.jsonl, "
         f"{'curve.png, ' if curve else ''}weights/, trajectories/, logs/)"
         f"\nWeb UI on this run's histories: rollart ui {run_dir}  then open "
         f"http://127.0.0.1:{config.temporal.ui_port}/namespaces/default/workflows"
@@ -195,6 +206,35 @@ def cmd_start(args: argparse.Namespace) -> int:
 
     asyncio.run(main())
     return 0
+
+
+def cmd_replay(args: argparse.Namespace) -> int:
+    from rollart.workers.client import connect
+    from rollart.workers.replay import ReplayError, outcome, replay
+
+    config = _config(args)
+
+    async def main() -> int:
+        try:
+            client = await connect(config.temporal)
+            started = await replay(client, args.workflow_id)
+        except (ConnectionError, ValueError, ReplayError) as err:
+            print(f"rollart replay: {err}", file=sys.stderr)
+            return 1
+        parent = (f"reports to {started.parent_id} "
+                  f"({'running' if started.parent_running else 'ended: it will not be trained'})"
+                  if started.parent_id else "belongs to no training run")
+        print(f"{started.workflow_id} ({started.previous_status}, run {started.failed_run_id}) "
+              f"reset to its first workflow task: new run {started.run_id}; it {parent}",
+              flush=True)
+        if not started.workers_polling:
+            print(f"warning: no worker polls {started.task_queue}; the re-run waits for one "
+                  "(rollart stack, or rollart worker --role control)", file=sys.stderr)
+        if args.wait:
+            print(await outcome(client, started, args.timeout), flush=True)
+        return 0
+
+    return asyncio.run(main())
 
 
 def cmd_ui(args: argparse.Namespace) -> int:
@@ -268,6 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--workflow-id")
     start.add_argument("--wait", action="store_true")
     start.set_defaults(func=cmd_start)
+    rerun = with_config(commands.add_parser("replay"))
+    rerun.add_argument("workflow_id", help="a TrajectoryWorkflow's id (e.g. from the Web UI)")
+    rerun.add_argument("--wait", action="store_true",
+                       help="wait for the re-run and say whether the run took its result")
+    rerun.add_argument("--timeout", type=float, default=600, help="seconds --wait waits")
+    rerun.set_defaults(func=cmd_replay)
     codec = with_config(commands.add_parser("codec-server"))
     codec.add_argument("--port", type=int, default=8081)
     codec.add_argument("--ui-origin", help="the Web UI's origin (default: the config's UI)")

@@ -11,6 +11,8 @@ import sys
 import time
 from pathlib import Path
 
+from rollart.search_attributes import dev_server_flags
+
 
 def installed_binary(name: str) -> str | None:
     """A program a pip package installed beside this Python (else one on PATH), or None."""
@@ -88,6 +90,9 @@ class LocalServer:
 
 
 class DevServer(LocalServer):
+    """Registers rollart's search attributes, so a run's trajectories can be found by run,
+    domain and where they failed."""
+
     name = "temporal.address (the Temporal dev server)"
 
     def __init__(self, db_file: Path, port: int = 7233, ui_port: int | None = 8233,
@@ -102,7 +107,7 @@ class DevServer(LocalServer):
         cmd = [temporal_binary(), "server", "start-dev", "--ip", "127.0.0.1",
                "--port", str(self.port), "--db-filename", str(self.db_file),
                "--sqlite-pragma", "journal_mode=wal", "--sqlite-pragma", "synchronous=normal",
-               "--log-level", "error"]
+               "--log-level", "error", *dev_server_flags()]
         for key, value in self.dynamic_config.items():
             cmd += ["--dynamic-config-value", f"{key}={json.dumps(value)}"]
         if self.ui_port is None:
@@ -117,4 +122,16 @@ class DevServer(LocalServer):
     def start(self, timeout_s: float = 60) -> DevServer:
         self.db_file.parent.mkdir(parents=True, exist_ok=True)
         super().start(timeout_s)
+        self._wait_until_serving(timeout_s)
         return self
+
+    def _wait_until_serving(self, timeout_s: float) -> None:
+        """The port opens a moment before the frontend answers ("Frontend is not healthy
+        yet"); a visibility query answered means clients and workers can start."""
+        probe = [temporal_binary(), "workflow", "list", "--address", self.address, "--limit", "1"]
+        deadline = time.monotonic() + timeout_s
+        while subprocess.run(probe, capture_output=True).returncode != 0:
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"{self.name} listens on {self.port} but does not serve")
+            time.sleep(0.1)

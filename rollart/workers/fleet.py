@@ -14,6 +14,7 @@ from typing import Literal
 
 from temporalio.worker import Worker
 
+from rollart import search_attributes
 from rollart.config import RunConfig
 from rollart.queues import pool_queue, replica_queue
 from rollart.workers.client import connect
@@ -116,6 +117,8 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
         from rollart.workflows.training import TrainingWorkflow
         from rollart.workflows.trajectory import TrajectoryWorkflow
 
+        if config.temporal.search_attributes:
+            await search_attributes.register(client, config.temporal.namespace)
         router = RouterActivities()
         return [Worker(client, task_queue=config.temporal.control_queue,
                        workflows=[TrainingWorkflow, TrajectoryWorkflow, BatchRolloutWorkflow],

@@ -13,6 +13,11 @@ episodes: in FrozenLake the successful ones are the long ones, so their groups f
 past alpha and are evicted (measured: 30% of trajectories evicted and no learning in 25
 iterations with alpha 1). So by default a batch is the oldest groups in start order
 ("fifo"): membership is fixed when a group starts, not by how fast it ends.
+
+A failed trajectory can be re-run by hand (`rollart replay`, or `temporal workflow reset`). Its
+new result re-enters its group while the group is still waiting in the buffer, which is only
+ever the case while it is admissible (the failure moves back from failed to in flight). After its
+group was trained, evicted or given up, the result is late: counted, and never trained.
 """
 
 from __future__ import annotations
@@ -51,7 +56,7 @@ class Group(BaseModel):
     target: int = Field(description="Members needed to form the group (group_size).")
     in_flight: list[str] = Field(default_factory=list)
     completed: list[TrajectoryResult] = Field(default_factory=list)
-    failed: int = 0
+    failed: list[str] = Field(default_factory=list, description="Members that failed.")
 
     @property
     def complete(self) -> bool:
@@ -70,6 +75,7 @@ class Decision(BaseModel):
 
     cancel: list[str] = Field(default_factory=list)
     evicted: list[TrajectoryResult] = Field(default_factory=list)
+    readmitted: bool = Field(False, description="A re-run of a failed member re-entered.")
 
 
 class SampleBuffer(BaseModel):
@@ -78,7 +84,8 @@ class SampleBuffer(BaseModel):
     groups: dict[str, Group] = Field(default_factory=dict)
     started_groups: int = 0
     ledger: Ledger = Field(default_factory=Ledger)
-    late_results: int = 0
+    late_results: int = Field(0, description="Results of trajectories already settled.")
+    readmitted: int = Field(0, description="Re-runs of failed trajectories that re-entered.")
     stale_evicted: int = 0
 
     def start_group(self, group_id: str, trajectory_ids: list[str], start_version: int,
@@ -96,28 +103,44 @@ class SampleBuffer(BaseModel):
         return None
 
     def record(self, result: TrajectoryResult) -> Decision:
-        """A trajectory ended. Unknown or already-settled ids (a cancelled one that finished
-        anyway, a duplicate signal) change nothing."""
-        group = self.owner(result.trajectory_id)
-        if group is None:
-            self.late_results += 1
-            return Decision()
-        group.in_flight.remove(result.trajectory_id)
+        """A trajectory ended. A completed re-run of a failed member re-enters its group if the
+        group still waits; other results for settled ids (a cancelled one that finished anyway, a
+        duplicate signal, a re-run too late) are counted late and change nothing else."""
+        tid = result.trajectory_id
+        group = self.owner(tid)
         decision = Decision()
+        if group is not None:
+            group.in_flight.remove(tid)
+            if result.status != "completed":
+                group.failed.append(tid)
+                self.ledger.failed += 1
+        else:
+            group = self._failed_owner(tid) if result.status == "completed" else None
+            if group is None:
+                self.late_results += 1
+                return decision
+            group.failed.remove(tid)
+            self.ledger.failed -= 1
+            self.readmitted += 1
+            decision.readmitted = True
         if result.status == "completed":
             group.completed.append(result)
             if len(group.completed) >= group.target and group.in_flight:
                 decision.cancel = list(group.in_flight)  # redundant siblings
                 self.ledger.evicted += len(group.in_flight)
                 group.in_flight = []
-        else:
-            group.failed += 1
-            self.ledger.failed += 1
         if group.hopeless:
             decision.evicted += group.completed
             self.ledger.evicted += len(group.completed)
             del self.groups[group.group_id]
         return decision
+
+    def _failed_owner(self, trajectory_id: str) -> Group | None:
+        """The waiting group that lost this member and still needs it."""
+        for group in self.groups.values():
+            if trajectory_id in group.failed and len(group.completed) < group.target:
+                return group
+        return None
 
     def next_batch(self, count: int, version: int) -> list[Group]:
         """The `count` groups the trainer would get now, or [] if they are not all ready:

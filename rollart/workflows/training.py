@@ -42,6 +42,7 @@ with workflow.unsafe.imports_passed_through():
         UpdateWeightsResult,
     )
     from rollart.queues import pool_queue, replica_queue
+    from rollart.search_attributes import of_trajectory
     from rollart.workflows.buffer import Group, SampleBuffer, groups_to_start
     from rollart.workflows.trajectory import DONE_SIGNAL, TrajectoryWorkflow
 
@@ -67,6 +68,7 @@ class TrainingState(BaseModel):
     history: list[IterationMetrics] = Field(default_factory=list)
     failures: list[str] = Field(default_factory=list)
     redundant_ids: list[str] = Field(default_factory=list)
+    readmitted_ids: list[str] = Field(default_factory=list)
     redundant_kept: RolloutShape = Field(default_factory=RolloutShape)
     redundant_cancelled: RolloutShape = Field(default_factory=RolloutShape)
     done: bool = False
@@ -98,7 +100,8 @@ class TrainingWorkflow:
             version=state.version, done=state.done, ledger=state.buffer.ledger,
             history=state.history, failures=state.failures,
             mode=cfg.algorithm.mode, alpha=state.buffer.alpha,
-            late_results=state.buffer.late_results,
+            late_results=state.buffer.late_results, readmitted=state.buffer.readmitted,
+            readmitted_ids=state.readmitted_ids,
             redundant_kept=state.redundant_kept, redundant_cancelled=state.redundant_cancelled,
         )
 
@@ -115,6 +118,8 @@ class TrainingWorkflow:
             state.failures = (state.failures + [error])[-KEPT_FAILURES:]
             result = result.model_copy(update={"status": "failed", "error": error})
         decision = state.buffer.record(result)
+        if decision.readmitted:
+            state.readmitted_ids = (state.readmitted_ids + [result.trajectory_id])[-KEPT_HISTORY:]
         state.redundant_ids = (state.redundant_ids + decision.cancel)[-KEPT_REDUNDANT_IDS:]
         await self._cancel(decision.cancel)
 
@@ -195,11 +200,13 @@ class TrainingWorkflow:
         state.groups_started += 1
         specs = [TrajectorySpec.for_domain(cfg, domain, tid, group_id, seed, state.version)
                  for tid in members]
+        tags = (of_trajectory(workflow.info().workflow_id, domain, group_id, state.version)
+                if cfg.temporal.search_attributes else None)
         handles = await asyncio.gather(*(
             workflow.start_child_workflow(
                 TrajectoryWorkflow.run, spec, id=spec.trajectory_id,
                 task_queue=cfg.temporal.control_queue,
-                parent_close_policy=ParentClosePolicy.ABANDON,
+                parent_close_policy=ParentClosePolicy.ABANDON, search_attributes=tags,
             )
             for spec in specs
         ))
@@ -240,7 +247,7 @@ class TrainingWorkflow:
                     store_dir=str(cfg.store_dir), algorithm=algo,
                     temperature=cfg.sampling.temperature,
                     samples=[TrainSample(trajectory_id=r.trajectory_id, group_id=r.group_id,
-                                         reward=r.reward) for r in kept],
+                                         reward=r.reward, turns=r.turns) for r in kept],
                 ),
                 result_type=TrainResult, task_queue=pool_queue("train", cfg.trainer.pool),
                 start_to_close_timeout=TRAIN_TIMEOUT,

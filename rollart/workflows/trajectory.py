@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         TrajectoryResult,
         TrajectorySpec,
     )
+    from rollart.search_attributes import FAILED_IN, RUN
     from rollart.workflows.routing import ReleaseRequest, RouteDecision, RouteRequest
 
 GENERATE_TIMEOUT = timedelta(seconds=120)
@@ -195,6 +196,8 @@ class TrajectoryWorkflow:
         cause = err.cause.message if err.cause is not None else str(err)
         message = (f"trajectory {spec.trajectory_id} failed in {self.phase} "
                    f"(turn {self.turn}): {cause}")
+        if workflow.info().typed_search_attributes.get(RUN) is not None:  # so they exist
+            workflow.upsert_search_attributes([FAILED_IN.value_set(self.phase)])
         await self._release_env(spec)
         await self._report(self.partial.model_copy(update={"status": "failed", "error": message}))
         raise ApplicationError(message, type="TrajectoryFailed", non_retryable=True) from err
