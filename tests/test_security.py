@@ -3,6 +3,7 @@ and API keys for remote Temporal clusters, and secrets that never reach historie
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import threading
@@ -13,10 +14,11 @@ from conftest import make_config
 from temporalio.api.common.v1 import Payload, Payloads
 from temporalio.client import Client
 from temporalio.service import TLSConfig
+from tls_proxy import make_pki, tls_proxy
 
 from rollart.config import TemporalConfig
 from rollart.contracts import TrajectoryResult, TrajectorySpec
-from rollart.workers.client import client_options
+from rollart.workers.client import client_options, connect
 from rollart.workers.codec import ENCODING, EncryptionCodec, codec_from_env, codec_server
 from rollart.workers.devserver import free_port
 from rollart.workers.fleet import in_process_fleet
@@ -123,6 +125,40 @@ def test_tls_mtls_and_api_key_options(tmp_path, monkeypatch):
         client_options(TemporalConfig(api_key_env="ROLLART_TEMPORAL_API_KEY"))
     with pytest.raises(ValueError, match="tls_cert_path and tls_key_path"):
         client_options(TemporalConfig(tls=True, tls_cert_path=str(tmp_path / "client.pem")))
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_workers_run_over_mtls_and_bad_certificates_are_refused(temporal_server, engine,
+                                                                      tmp_path):
+    pki = make_pki(tmp_path / "pki")
+    untrusted = make_pki(tmp_path / "other", "other-ca")
+    async with tls_proxy(temporal_server.address, pki, require_client_cert=True) as address:
+        config = make_config(temporal_server, tmp_path / "run", **{
+            "temporal.address": address, "temporal.tls": True,
+            "temporal.tls_ca_path": str(pki["ca"]), "temporal.tls_server_name": "localhost",
+            "temporal.tls_cert_path": str(pki["client_cert"]),
+            "temporal.tls_key_path": str(pki["client_key"]), "domains.frozenlake.max_turns": 3})
+        spec = TrajectorySpec.for_domain(config, "frozenlake", "over-mtls-1", "g", seed=1)
+        async with in_process_fleet(config, engine, ("control", "env", "reward", "gen")) as client:
+            result = await client.execute_workflow(
+                TrajectoryWorkflow.run, spec, id=spec.trajectory_id,
+                task_queue=config.temporal.control_queue, result_type=TrajectoryResult)
+        assert result.status == "completed" and result.turns >= 1
+
+        refused = {
+            "no client certificate": {"tls_cert_path": None, "tls_key_path": None},
+            "a server certificate from an untrusted CA": {"tls_ca_path": str(untrusted["ca"])},
+            "a client certificate from an untrusted CA": {
+                "tls_cert_path": str(untrusted["client_cert"]),
+                "tls_key_path": str(untrusted["client_key"])},
+            "no TLS": {"tls": False, "tls_ca_path": None, "tls_server_name": None,
+                       "tls_cert_path": None, "tls_key_path": None},
+        }
+        for case, update in refused.items():
+            with pytest.raises(ConnectionError, match=f"cannot reach a Temporal server at "
+                                                      f"{address}"):
+                await asyncio.wait_for(connect(config.temporal.model_copy(update=update)), 30)
+                pytest.fail(f"connected with {case}")
 
 
 def test_secrets_stay_out_of_the_serialized_config(tmp_path):
