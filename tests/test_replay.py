@@ -1,6 +1,6 @@
-"""Recorded histories of both workflows replay against today's code: a change that would break
-workflows already running (non-determinism) fails here. Record anew, on purpose only, with
-tests/histories/record.py."""
+"""Recorded histories of both workflows (and of a failed trajectory) replay against today's
+code: a change that would break workflows already running (non-determinism) fails here. Record
+anew, on purpose only, with tests/histories/record.py."""
 
 from __future__ import annotations
 
@@ -35,6 +35,7 @@ async def test_recorded_history_replays(path):
 
 def test_both_workflows_are_recorded():
     assert {p.stem for p in RECORDED} >= {"replay-training", "replay-trajectory",
+                                          "replay-trajectory-failed",
                                           "replay-training.g000000.t00"}
 
 
