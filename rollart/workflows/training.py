@@ -58,6 +58,7 @@ RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2
 KEPT_HISTORY = 200
 KEPT_FAILURES = 20
 KEPT_REDUNDANT_IDS = 1000
+CANCEL_IN_PARALLEL = "cancel-in-parallel"
 
 
 class TrainingState(BaseModel):
@@ -297,11 +298,20 @@ class TrainingWorkflow:
         )
 
     async def _cancel(self, trajectory_ids: list[str]) -> None:
+        """All at once: one by one, each request waited for a workflow task (measured: 49
+        cancels at the end of a run took 11 s). Runs started before this change replay one by
+        one."""
+        if workflow.patched(CANCEL_IN_PARALLEL):
+            await asyncio.gather(*(self._cancel_one(tid) for tid in trajectory_ids))
+            return
         for tid in trajectory_ids:
-            try:
-                await workflow.get_external_workflow_handle(tid).cancel()
-            except Exception:  # it ended before the request arrived; it is accounted already
-                workflow.logger.info("cancel of %s found it ended", tid)
+            await self._cancel_one(tid)
+
+    async def _cancel_one(self, trajectory_id: str) -> None:
+        try:
+            await workflow.get_external_workflow_handle(trajectory_id).cancel()
+        except Exception:  # it ended before the request arrived; it is accounted already
+            workflow.logger.info("cancel of %s found it ended", trajectory_id)
 
     async def _update_replicas(self, cfg: RunConfig, request: UpdateWeightsRequest,
                                pickup: timedelta | None = None,
