@@ -319,6 +319,6 @@ class TrainingStatus(BaseModel):
                               "re-run whose group was trained or evicted meanwhile.")
     readmitted: int = Field(0, description="Re-runs of failed trajectories that re-entered the "
                             "buffer (and moved from failed back to in flight).")
-    readmitted_ids: list[str] = Field(default_factory=list, description="The latest of them.")
+    readmitted_ids: list[str] = Field(default_factory=list, description="Their ids.")
     redundant_kept: RolloutShape = Field(default_factory=RolloutShape)
     redundant_cancelled: RolloutShape = Field(default_factory=RolloutShape)

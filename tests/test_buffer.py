@@ -45,8 +45,8 @@ def test_a_rerun_of_a_failed_member_re_enters_its_waiting_group():
     buffer.record(done("a", "g", status="failed"))
     buffer.record(done("b", "g"))
     assert buffer.ledger.failed == 1
-    decision = buffer.record(done("a", "g"))
-    assert decision.readmitted and buffer.readmitted == 1 and buffer.late_results == 0
+    buffer.record(done("a", "g"))
+    assert buffer.readmitted == ["a"] and buffer.late_results == 0
     buffer.record(done("c", "g"))
     [group] = buffer.take(1, version=1)
     assert sorted(r.trajectory_id for r in group.completed) == ["a", "b", "c"]
@@ -66,8 +66,8 @@ def test_a_rerun_after_its_group_left_the_buffer_is_late():
         elif leave == "stale":
             buffer.evict_stale(version=1)
         before, late = buffer.ledger.model_copy(), buffer.late_results
-        decision = buffer.record(done("a", "g"))
-        assert not decision.readmitted and buffer.late_results == late + 1, leave
+        buffer.record(done("a", "g"))
+        assert buffer.readmitted == [] and buffer.late_results == late + 1, leave
         assert buffer.ledger == before, leave
         assert buffer.record(done("a", "g", status="failed")) == Decision()
         assert buffer.late_results == late + 2
@@ -119,7 +119,7 @@ def test_no_trained_trajectory_ever_violates_alpha(alpha, per_batch, group_size,
         elif action == "rerun" and failed:
             tid = data.draw(st.sampled_from(sorted(failed)))
             decision = buffer.record(done(tid, failed[tid]))
-            if decision.readmitted:
+            if tid in buffer.readmitted:
                 del failed[tid]
             for cancelled in decision.cancel:
                 running.pop(cancelled)

@@ -75,7 +75,6 @@ class Decision(BaseModel):
 
     cancel: list[str] = Field(default_factory=list)
     evicted: list[TrajectoryResult] = Field(default_factory=list)
-    readmitted: bool = Field(False, description="A re-run of a failed member re-entered.")
 
 
 class SampleBuffer(BaseModel):
@@ -85,7 +84,8 @@ class SampleBuffer(BaseModel):
     started_groups: int = 0
     ledger: Ledger = Field(default_factory=Ledger)
     late_results: int = Field(0, description="Results of trajectories already settled.")
-    readmitted: int = Field(0, description="Re-runs of failed trajectories that re-entered.")
+    readmitted: list[str] = Field(default_factory=list, description="Failed trajectories "
+                                  "whose re-run re-entered (each at most once).")
     stale_evicted: int = 0
 
     def start_group(self, group_id: str, trajectory_ids: list[str], start_version: int,
@@ -121,8 +121,7 @@ class SampleBuffer(BaseModel):
                 return decision
             group.failed.remove(tid)
             self.ledger.failed -= 1
-            self.readmitted += 1
-            decision.readmitted = True
+            self.readmitted.append(tid)
         if result.status == "completed":
             group.completed.append(result)
             if len(group.completed) >= group.target and group.in_flight:

@@ -69,7 +69,6 @@ class TrainingState(BaseModel):
     history: list[IterationMetrics] = Field(default_factory=list)
     failures: list[str] = Field(default_factory=list)
     redundant_ids: list[str] = Field(default_factory=list)
-    readmitted_ids: list[str] = Field(default_factory=list)
     redundant_kept: RolloutShape = Field(default_factory=RolloutShape)
     redundant_cancelled: RolloutShape = Field(default_factory=RolloutShape)
     done: bool = False
@@ -101,8 +100,8 @@ class TrainingWorkflow:
             version=state.version, done=state.done, ledger=state.buffer.ledger,
             history=state.history, failures=state.failures,
             mode=cfg.algorithm.mode, alpha=state.buffer.alpha,
-            late_results=state.buffer.late_results, readmitted=state.buffer.readmitted,
-            readmitted_ids=state.readmitted_ids,
+            late_results=state.buffer.late_results, readmitted=len(state.buffer.readmitted),
+            readmitted_ids=state.buffer.readmitted,
             redundant_kept=state.redundant_kept, redundant_cancelled=state.redundant_cancelled,
         )
 
@@ -119,8 +118,6 @@ class TrainingWorkflow:
             state.failures = (state.failures + [error])[-KEPT_FAILURES:]
             result = result.model_copy(update={"status": "failed", "error": error})
         decision = state.buffer.record(result)
-        if decision.readmitted:
-            state.readmitted_ids = (state.readmitted_ids + [result.trajectory_id])[-KEPT_HISTORY:]
         state.redundant_ids = (state.redundant_ids + decision.cancel)[-KEPT_REDUNDANT_IDS:]
         await self._cancel(decision.cancel)
 
