@@ -89,6 +89,12 @@ class LocalServer:
         self.stop()
 
 
+# The server's history service moves each new task (an activity or workflow task to dispatch)
+# to matching through a queue it polls at most 20 times a second by default: ~35 ms waited per
+# hop, two hops a turn. Measured on one machine: 87 ms per sequential no-op activity, 18 ms here.
+LOW_LATENCY = {"history.transferProcessorMaxPollRPS": 1000}
+
+
 class DevServer(LocalServer):
     """Registers rollart's search attributes, so a run's trajectories can be found by run,
     domain and where they failed."""
@@ -100,7 +106,7 @@ class DevServer(LocalServer):
                  codec_endpoint: str | None = None) -> None:
         super().__init__(port, log_file)
         self.db_file, self.ui_port = Path(db_file), ui_port
-        self.dynamic_config = dynamic_config or {}
+        self.dynamic_config = {**LOW_LATENCY, **(dynamic_config or {})}
         self.codec_endpoint = codec_endpoint
 
     def command(self) -> list[str]:
