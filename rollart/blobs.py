@@ -60,8 +60,10 @@ class LocalBlobs:
             return None
 
     def keys(self, prefix: str) -> list[str]:
+        """Walks only the directory the prefix names (a prefix ending in "/" is a directory:
+        one that does not exist holds nothing)."""
         base = self._path(prefix.rstrip("/")) if prefix.rstrip("/") else self.root
-        directory = base if base.is_dir() else base.parent
+        directory = base if prefix.endswith("/") or base.is_dir() else base.parent
         if not directory.is_dir():
             return []
         found = (str(p.relative_to(self.root)) for p in directory.rglob("*")

@@ -101,6 +101,11 @@ class GenerateRequest(BaseModel):
     trajectory_id: str
     turn: int
     observation: str
+    request_id: str = Field("", description="This attempt's id, unique per trajectory, turn and "
+                            "attempt (the engine's request id).")
+    after: str | None = Field(None, description="The request whose result ended the context "
+                              "(the previous turn's): a replica that served it holds the "
+                              "context and reads nothing from the store.")
     store_dir: str
     sampling: SamplingConfig
     action_vocabulary: list[str] | None = None
@@ -118,6 +123,7 @@ class GenerateResult(BaseModel):
     version: int = Field(description="Version that sampled the turn's last token.")
     mixed_versions: bool = False
     replica: str = Field("", description="The replica queue that served the turn.")
+    request_id: str = ""
 
 
 class RewardRequest(BaseModel):
@@ -149,6 +155,8 @@ class TrajectoryResult(BaseModel):
     prompt_tokens: int = 0
     cached_tokens: int = Field(0, description="Prompt tokens served from a prefix cache.")
     fallback_turns: int = Field(0, description="Turns served by a fallback generation pool.")
+    rerouted_turns: int = Field(0, description="Turns sent again after their replica did not "
+                                "pick them up, went silent or failed.")
     error: str | None = None
 
 
@@ -239,6 +247,7 @@ class DomainMetrics(BaseModel):
     turns_mean: float = 0.0
     cache_hit_rate: float = 0.0
     fallback_turns: int = 0
+    rerouted_turns: int = 0
 
 
 class IterationMetrics(BaseModel):

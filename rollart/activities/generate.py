@@ -1,9 +1,11 @@
 """Generation activities, served by one replica's vLLM engine.
 
-A turn reads the trajectory's context from the store, appends the new observation's tokens,
-samples, and writes the turn back (ids, behaviour logprobs, the policy version). Only the decoded
-text goes back into the workflow history. Decoding is constrained to the env's single-token
-actions, or to its answer alphabet (plus end of sequence) for free-text answers.
+A turn appends the new observation's tokens to the trajectory's context, samples, and writes the
+turn to the store (ids, behaviour logprobs, the policy version). The replica keeps the context of
+the trajectories it served last, so a turn that stays on its replica reads nothing and writes only
+its own tokens; a turn that moved here reads the earlier turns by key. Only the decoded text goes
+back into the workflow history. Decoding is constrained to the env's single-token actions, or to
+its answer alphabet (plus end of sequence) for free-text answers.
 """
 
 from __future__ import annotations
@@ -11,6 +13,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from array import array
+from collections import OrderedDict
 from collections.abc import Awaitable
 from typing import TypeVar
 
@@ -81,20 +85,64 @@ class ReplicaMeter:
         m.generated_tokens += generated_tokens
 
 
+class ContextCache:
+    """The contexts (token ids) of the trajectories this replica served last, bounded in tokens,
+    least recently used first out. An entry is valid for exactly one next turn: the one that
+    follows the request that produced it, so a turn served meanwhile elsewhere (a re-route, a
+    retry on another replica, a re-run) never sees a stale context."""
+
+    def __init__(self, max_tokens: int = 1 << 23) -> None:
+        self.max_tokens = max_tokens
+        self.tokens = 0
+        self._entries: OrderedDict[str, tuple[str, array]] = OrderedDict()
+
+    def get(self, trajectory_id: str, after: str | None) -> list[int] | None:
+        entry = self._entries.get(trajectory_id)
+        if entry is None or after is None or entry[0] != after:
+            return None
+        self._entries.move_to_end(trajectory_id)
+        return entry[1].tolist()
+
+    def put(self, trajectory_id: str, request_id: str, ids: list[int]) -> None:
+        self.drop(trajectory_id)
+        self._entries[trajectory_id] = (request_id, array("i", ids))
+        self.tokens += len(ids)
+        while self.tokens > self.max_tokens and self._entries:
+            _, (_, evicted) = self._entries.popitem(last=False)
+            self.tokens -= len(evicted)
+
+    def drop(self, trajectory_id: str) -> None:
+        entry = self._entries.pop(trajectory_id, None)
+        if entry is not None:
+            self.tokens -= len(entry[1])
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 class GenerateActivities:
     def __init__(self, engine: PolicyEngine, puller: Puller, replica: str = "",
-                 stores: StoreOpener | None = None) -> None:
+                 stores: StoreOpener | None = None, contexts: ContextCache | None = None,
+                 ) -> None:
         self.engine, self.puller, self.replica = engine, puller, replica
         self.stores = stores or StoreOpener()
+        self.contexts = contexts or ContextCache()
         self.meter = ReplicaMeter(engine.config.max_num_seqs)
 
     @activity.defn(name="gen.generate")
     async def generate(self, request: GenerateRequest) -> GenerateResult:
+        """Heartbeats from start to end: a store read or write waiting for a thread, or a
+        request waiting for an engine slot, is busy, not dead."""
+        return await _heartbeating(self._generate(request))
+
+    async def _generate(self, request: GenerateRequest) -> GenerateResult:
         engine, sampling = self.engine, request.sampling
+        tid = request.trajectory_id
         store = self.stores(request.store_dir)
         observation_ids = engine.encode(request.observation)
-        context = await asyncio.to_thread(store.context_ids, request.trajectory_id,
-                                          request.turn)
+        context = self.contexts.get(tid, request.after) if request.turn else []
+        if context is None:
+            context = await asyncio.to_thread(store.context_ids, tid, request.turn)
         context += observation_ids
         allowed, max_tokens = None, sampling.max_tokens_per_turn
         if sampling.constrain_to_actions and request.action_vocabulary:
@@ -106,27 +154,34 @@ class GenerateActivities:
             else:
                 allowed.append(engine.eos_token_id)
         if len(context) + max_tokens > engine.config.max_model_len:
+            self.contexts.drop(tid)
             return GenerateResult(text="", prompt_tokens=len(context), new_tokens=0,
                                   cached_tokens=0, finish_reason=CONTEXT_FULL,
-                                  version=engine.version, replica=self.replica)
-        info = activity.info()
+                                  version=engine.version, replica=self.replica,
+                                  request_id=request.request_id)
+        request_id = request.request_id or f"{tid}.{request.turn}.{activity.info().attempt}"
         self.meter.arrived(engine.running_requests + 1)
-        sample = await _heartbeating(engine.generate(
+        sample = await engine.generate(
             context, max_tokens=max_tokens, temperature=sampling.temperature,
-            allowed_token_ids=allowed,
-            request_id=f"{request.trajectory_id}.{request.turn}.{info.attempt}",
-        ))
+            allowed_token_ids=allowed, request_id=request_id)
         self.meter.served(len(context), sample.cached_tokens, len(sample.token_ids))
-        await asyncio.to_thread(store.write_turn, request.trajectory_id, TurnRecord(
+        await asyncio.to_thread(store.write_turn, tid, TurnRecord(
             turn=request.turn, observation_ids=observation_ids, sampled_ids=sample.token_ids,
             logprobs=sample.logprobs, versions=sample.versions, allowed_ids=allowed,
         ))
+        self.contexts.put(tid, request_id, context + sample.token_ids)
         return GenerateResult(
             text=engine.decode(sample.token_ids), prompt_tokens=len(context),
             new_tokens=len(sample.token_ids), cached_tokens=sample.cached_tokens,
             finish_reason=sample.finish_reason, version=sample.version,
             mixed_versions=len(set(sample.versions)) > 1, replica=self.replica,
+            request_id=request_id,
         )
+
+    @activity.defn(name="gen.ping")
+    async def ping(self) -> str:
+        """Answered on the replica's liveness queue, whatever its generate slots are doing."""
+        return self.replica
 
     @activity.defn(name="gen.update_weights")
     async def update_weights(self, request: UpdateWeightsRequest) -> UpdateWeightsResult:

@@ -104,7 +104,7 @@ class Trainer:
         )
         by_group: dict[str, list[Sequence]] = {}
         for sample in samples:
-            records = store.read(sample.trajectory_id, before_turn=sample.turns)
+            records = store.read(sample.trajectory_id, sample.turns)
             if not records:
                 raise ValueError(f"trajectory {sample.trajectory_id} has no stored turns")
             by_group.setdefault(sample.group_id, []).append(
