@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 
 import pytest
 from conftest import make_config
@@ -20,12 +21,17 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 async def activity_queues(client, workflow_id: str) -> dict[str, set[str]]:
     """Activity type -> the task queues it was scheduled on, from the workflow's history."""
+    return {name: set(queues) for name, queues in (await schedules(client, workflow_id)).items()}
+
+
+async def schedules(client, workflow_id: str) -> dict[str, list[str]]:
+    """Activity type -> the task queue of each time it was scheduled."""
     history = await client.get_workflow_handle(workflow_id).fetch_history()
-    queues: dict[str, set[str]] = {}
+    queues: dict[str, list[str]] = {}
     for event in history.events:
         if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
             attrs = event.activity_task_scheduled_event_attributes
-            queues.setdefault(attrs.activity_type.name, set()).add(attrs.task_queue.name)
+            queues.setdefault(attrs.activity_type.name, []).append(attrs.task_queue.name)
     return queues
 
 
@@ -140,3 +146,55 @@ async def test_multitask_run_uses_each_domains_pools(temporal_server, engine, tm
     assert arith["gen.generate"] == {"rollart.gen.h20.r0"}
     assert next(iter(lake["env.reset"])) == "rollart.env.grid"
     assert next(iter(arith["env.reset"])) == "rollart.env.cpu"
+
+
+def saturated_config(temporal_server, tmp_path, replicas: int):
+    """Two generate slots per replica worker, a 1 s pickup timeout, 3-turn trajectories."""
+    return make_config(temporal_server, tmp_path, **{
+        "pools": [{"name": "cpu", "role": "env"}, {"name": "cpu", "role": "reward"},
+                  {"name": "cpu", "role": "train"},
+                  {"name": "cpu", "role": "gen", "replicas": replicas}],
+        "engine.max_num_seqs": 2, "routing.schedule_to_start_s": 1,
+        "domains.frozenlake.env": "corridor", "domains.frozenlake.max_turns": 3,
+    })
+
+
+async def saturate(client, config, engine, name: str, count: int, hold_s: float):
+    """`count` trajectories while the engine is paused for `hold_s`: the requests inside hold
+    every slot (and must keep heartbeating), the others wait in the replicas' queues."""
+    await engine.llm.pause_generation(mode="keep", clear_cache=False)
+    try:
+        runs = asyncio.ensure_future(rollout(client, config, name, count))
+        await asyncio.sleep(hold_s)
+    finally:
+        await engine.llm.resume_generation()
+    return await runs
+
+
+async def test_a_saturated_replica_is_busy_not_dead(temporal_server, engine, tmp_path, caplog):
+    """Requests that wait in full queues past the pickup timeout are sent again, to replicas
+    that answer pings: none is marked down, nothing fails, and each waiting turn is sent again
+    only a few times (the pickup timeout doubles), not in a storm."""
+    config = saturated_config(temporal_server, tmp_path, replicas=2)
+    caplog.set_level(logging.WARNING, "rollart.router")
+    async with in_process_fleet(config, engine, ("control", "env", "reward", "gen")) as client:
+        results = await saturate(client, config, engine, "busy", count=12, hold_s=12)
+        sends = [len((await schedules(client, r.trajectory_id))["gen.generate"])
+                 for r in results]
+    assert all(r.status == "completed" and r.turns == 3 for r in results)
+    assert "marked down" not in caplog.text
+    assert sum(r.rerouted_turns for r in results) > 0  # the wait did pass the pickup timeout
+    # pickups of 1, 2, 4 and 8 s cover the 12 s hold: at most 4 more sends per waiting turn
+    assert max(sends) <= 3 + 4 and sum(sends) <= 12 * 3 + 8 * 4
+
+
+async def test_the_only_replica_is_waited_for_never_resent(temporal_server, engine, tmp_path,
+                                                            caplog):
+    config = saturated_config(temporal_server, tmp_path, replicas=1)
+    caplog.set_level(logging.WARNING, "rollart.router")
+    async with in_process_fleet(config, engine, ("control", "env", "reward", "gen")) as client:
+        results = await saturate(client, config, engine, "only", count=8, hold_s=4)
+    assert all(r.status == "completed" and r.turns == 3 for r in results)
+    assert sum(r.rerouted_turns for r in results) == 0
+    assert "marked down" not in caplog.text
+

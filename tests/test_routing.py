@@ -118,6 +118,17 @@ def test_failed_probe_marks_the_replica_down_again():
     assert table.route(request("c.0", "c", group="g2", pools=pools), now=13).pool == "backup"
 
 
+def test_a_busy_replica_is_not_marked_down():
+    """It did not serve in time but answered a ping: its queue is full, it is not dead."""
+    table = ReplicaTable()
+    pools = (("fast", 1), ("backup", 1))
+    table.route(request("a.0", "a", pools=pools), now=0)
+    table.release("a.0", "busy", now=5, down_s=10)
+    assert table.loads["rollart.gen.fast.r0"] == 0
+    again = table.route(request("a.1", "a", pools=pools), now=6)
+    assert (again.pool, again.fallback) == ("fast", False)
+
+
 def test_everything_down_still_routes_to_the_domains_pool():
     table = ReplicaTable()
     pools = (("fast", 1), ("backup", 1))

@@ -16,7 +16,7 @@ from temporalio.worker import Worker
 
 from rollart import search_attributes
 from rollart.config import RunConfig
-from rollart.queues import pool_queue, replica_queue
+from rollart.queues import admin_queue, pool_queue, replica_queue
 from rollart.workers.client import connect
 
 log = logging.getLogger("rollart.worker")
@@ -162,8 +162,10 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
             await gen_engine.start()
             version = await gen.catch_up(config.weights_prefix)
             log.info("%s serves policy version %d", queue, version)
-        return [Worker(client, task_queue=queue, activities=[gen.generate, gen.update_weights],
-                       max_concurrent_activities=config.engine.max_num_seqs)]
+        return [Worker(client, task_queue=queue, activities=[gen.generate],
+                       max_concurrent_activities=config.engine.max_num_seqs),
+                Worker(client, task_queue=admin_queue(queue),
+                       activities=[gen.ping, gen.update_weights], max_concurrent_activities=4)]
     if role == "train":
         from rollart.activities.train import TrainActivities
         from rollart.blobs import open_blobs

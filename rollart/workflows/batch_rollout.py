@@ -9,7 +9,7 @@ import asyncio
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from rollart.contracts import TrajectoryResult, TrajectorySpec
+    from rollart.contracts import GenerateResult, TrajectoryResult, TrajectorySpec
     from rollart.workflows.trajectory import (
         CONTEXT_FULL,
         close_env,
@@ -32,14 +32,14 @@ class BatchRolloutWorkflow:
                                     domain=s.domain, status="completed",
                                     start_version=s.start_version)
                    for s in specs]
-        contexts = [0] * len(specs)
+        previous: list[GenerateResult | None] = [None] * len(specs)
         active = list(range(len(specs)))
         for turn in range(max(spec.max_turns for spec in specs)):
             active = [i for i in active if turn < specs[i].max_turns]
             if not active:
                 break
-            gens = [gen for gen, _ in await asyncio.gather(*(
-                generate_turn(specs[i], turn, observations[i], resets[i], contexts[i])
+            gens = [gen for gen, _, _ in await asyncio.gather(*(
+                generate_turn(specs[i], turn, observations[i], resets[i], previous[i])
                 for i in active))]
             stepping = [(i, gen) for i, gen in zip(active, gens, strict=True)
                         if gen.finish_reason != CONTEXT_FULL]
@@ -48,7 +48,7 @@ class BatchRolloutWorkflow:
             active = []
             for (i, gen), step in zip(stepping, steps, strict=True):
                 results[i].turns += 1
-                contexts[i] = gen.prompt_tokens + gen.new_tokens
+                previous[i] = gen
                 results[i].generated_tokens += gen.new_tokens
                 results[i].end_version = max(results[i].end_version, gen.version)
                 observations[i], infos[i] = step.observation, step.info

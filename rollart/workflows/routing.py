@@ -46,7 +46,9 @@ class RouteDecision(BaseModel):
     reason: str
 
 
-Outcome = Literal["ok", "unreachable", "failed", "cancelled"]
+Outcome = Literal["ok", "busy", "unreachable", "failed", "cancelled"]
+"""busy: the replica did not serve in time but answers pings (its queue is full); unreachable:
+it does not answer at all."""
 
 
 class ReleaseRequest(BaseModel):
@@ -151,8 +153,8 @@ class ReplicaTable:
 
     def release(self, request_id: str, outcome: Outcome, now: float,
                 down_s: float = 10.0) -> None:
-        """End a routed request; a replica that never picked it up is marked down for
-        `down_s`, one that served it is healthy again."""
+        """End a routed request; a replica that did not answer is marked down for `down_s`,
+        one that served it or answered a ping is healthy again."""
         entry = self.in_flight.pop(request_id, None)
         if entry is None:
             return
@@ -161,7 +163,7 @@ class ReplicaTable:
         health = self.health.setdefault(queue, _Health())
         if outcome == "unreachable":
             health.down_until, health.probing = now + down_s, False
-        elif outcome == "ok":
+        elif outcome in ("ok", "busy"):
             health.down_until, health.probing = 0.0, False
         elif health.probing:
             health.probing = False

@@ -41,7 +41,7 @@ with workflow.unsafe.imports_passed_through():
         UpdateWeightsRequest,
         UpdateWeightsResult,
     )
-    from rollart.queues import pool_queue, replica_queue
+    from rollart.queues import admin_queue, pool_queue, replica_queue
     from rollart.search_attributes import of_trajectory
     from rollart.workflows.buffer import Group, SampleBuffer, groups_to_start
     from rollart.workflows.trajectory import DONE_SIGNAL, TrajectoryWorkflow
@@ -337,7 +337,8 @@ class TrainingWorkflow:
                             ) -> tuple[list[UpdateWeightsResult], list[str]]:
         outcomes = await asyncio.gather(*(
             workflow.execute_activity(
-                "gen.update_weights", request, result_type=UpdateWeightsResult, task_queue=queue,
+                "gen.update_weights", request, result_type=UpdateWeightsResult,
+                task_queue=admin_queue(queue),
                 schedule_to_start_timeout=pickup or timedelta(
                     seconds=cfg.routing.schedule_to_start_s),
                 start_to_close_timeout=UPDATE_TIMEOUT, heartbeat_timeout=UPDATE_HEARTBEAT,
@@ -371,6 +372,7 @@ def domain_metrics(results: list[TrajectoryResult]) -> dict[str, DomainMetrics]:
             cache_hit_rate=(sum(r.cached_tokens for r in rs)
                             / max(sum(r.prompt_tokens for r in rs), 1)),
             fallback_turns=sum(r.fallback_turns for r in rs),
+            rerouted_turns=sum(r.rerouted_turns for r in rs),
         )
         for name, rs in sorted(by_domain.items())
     }

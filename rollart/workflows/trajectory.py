@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         TrajectoryResult,
         TrajectorySpec,
     )
+    from rollart.queues import admin_queue
     from rollart.search_attributes import FAILED_IN, RUN
     from rollart.workflows.routing import ReleaseRequest, RouteDecision, RouteRequest
 
@@ -45,8 +46,13 @@ REWARD_TIMEOUT = timedelta(seconds=60)
 REWARD_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                            maximum_attempts=3)
 GENERATE_ATTEMPTS = 5
+GENERATE_SENDS = 20
+ONLY_REPLICA_PICKUP = timedelta(minutes=10)
+MAX_PICKUP = timedelta(minutes=10)
+PING_TIMEOUT = timedelta(seconds=10)
 ROUTE_TIMEOUT = timedelta(seconds=10)
 CONTEXT_FULL = "context_full"
+PING_BEFORE_MARKING_DOWN = "ping-before-marking-down"
 DONE_SIGNAL = "trajectory_done"
 
 
@@ -69,40 +75,75 @@ async def reset_env(spec: TrajectorySpec) -> EnvResetResult:
 
 
 async def generate_turn(spec: TrajectorySpec, turn: int, observation: str,
-                        reset: EnvResetResult, context_tokens: int,
-                        ) -> tuple[GenerateResult, RouteDecision]:
-    """One turn on the replica the router picks; retried through the router (not on the same
-    queue), so a dead replica's requests move to a live one."""
-    request = GenerateRequest(
-        trajectory_id=spec.trajectory_id, turn=turn, observation=observation,
-        store_dir=spec.store_dir, sampling=spec.sampling,
-        action_vocabulary=reset.action_vocabulary, answer_alphabet=reset.answer_alphabet,
-        answer_length=reset.answer_length)
-    for attempt in range(1, GENERATE_ATTEMPTS + 1):
-        request_id = f"{spec.trajectory_id}.{turn}.{attempt}"
+                        reset: EnvResetResult, previous: GenerateResult | None,
+                        ) -> tuple[GenerateResult, RouteDecision, int]:
+    """One turn on the replica the router picks; (result, route, times it was sent again).
+
+    A request no replica picks up in time, or whose replica goes silent, is sent again through
+    the router. Its replica is marked down only when it does not answer a ping either (a full
+    queue is not a dead replica), and never when it is the domain's only replica: there, waiting
+    for it is all there is, so its requests wait long before anything is sent again."""
+    only_replica = sum(replicas for _, replicas in spec.gen_pools) == 1
+    pickup = ONLY_REPLICA_PICKUP if only_replica else timedelta(
+        seconds=spec.routing.schedule_to_start_s)
+    context_tokens = previous.prompt_tokens + previous.new_tokens if previous else 0
+    failures = 0
+    for send in range(1, GENERATE_SENDS + 1):
+        request_id = f"{spec.trajectory_id}.{turn}.{send}"
         decision = await workflow.execute_local_activity(
             "gen.route",
             RouteRequest(request_id=request_id, trajectory_id=spec.trajectory_id,
                          group_id=spec.group_id, context_tokens=context_tokens,
                          pools=spec.gen_pools, routing=spec.routing),
             result_type=RouteDecision, start_to_close_timeout=ROUTE_TIMEOUT)
+        request = GenerateRequest(
+            trajectory_id=spec.trajectory_id, turn=turn, observation=observation,
+            request_id=request_id, after=previous.request_id if previous else None,
+            store_dir=spec.store_dir, sampling=spec.sampling,
+            action_vocabulary=reset.action_vocabulary, answer_alphabet=reset.answer_alphabet,
+            answer_length=reset.answer_length)
         try:
             result = await workflow.execute_activity(
                 "gen.generate", request, result_type=GenerateResult, task_queue=decision.queue,
-                schedule_to_start_timeout=timedelta(seconds=spec.routing.schedule_to_start_s),
-                start_to_close_timeout=GENERATE_TIMEOUT, heartbeat_timeout=GENERATE_HEARTBEAT,
-                retry_policy=RetryPolicy(maximum_attempts=1),
+                schedule_to_start_timeout=pickup, start_to_close_timeout=GENERATE_TIMEOUT,
+                heartbeat_timeout=GENERATE_HEARTBEAT, retry_policy=RetryPolicy(maximum_attempts=1),
             )
         except ActivityError as err:
             outcome = _outcome(err)
+            if (outcome == "unreachable" and workflow.patched(PING_BEFORE_MARKING_DOWN)
+                    and await _answers_ping(decision.queue, spec.routing.schedule_to_start_s)):
+                outcome = "busy"
+            elif outcome == "unreachable" and only_replica:
+                outcome = "failed"  # nowhere else to go: marking it down would change nothing
             await _release(spec, request_id, outcome)
-            if outcome == "cancelled" or attempt == GENERATE_ATTEMPTS or _non_retryable(err):
+            if outcome == "cancelled" or _non_retryable(err):
                 raise
-            await workflow.sleep(min(2 ** (attempt - 1), 10))
+            if outcome == "busy":
+                pickup = min(pickup * 2, MAX_PICKUP)
+                continue
+            failures += 1
+            if failures == GENERATE_ATTEMPTS or send == GENERATE_SENDS:
+                raise
+            await workflow.sleep(min(2 ** (failures - 1), 10))
             continue
         await _release(spec, request_id, "ok")
-        return result, decision
-    raise AssertionError("unreachable")
+        return result, decision, send - 1
+    raise ApplicationError(f"turn {turn} of {spec.trajectory_id} was sent {GENERATE_SENDS} "
+                           "times and never served: its replicas stay alive but full",
+                           type="ReplicasSaturated")
+
+
+async def _answers_ping(queue: str, pickup_s: float) -> bool:
+    timeout = min(PING_TIMEOUT, timedelta(seconds=pickup_s))
+    try:
+        await workflow.execute_activity(
+            "gen.ping", task_queue=admin_queue(queue), schedule_to_start_timeout=timeout,
+            start_to_close_timeout=timeout, retry_policy=RetryPolicy(maximum_attempts=1))
+    except ActivityError as err:
+        if is_cancelled_exception(err):
+            raise
+        return False
+    return True
 
 
 def _outcome(err: ActivityError) -> str:
@@ -207,16 +248,15 @@ class TrajectoryWorkflow:
         reset = await reset_env(spec)
         self.env_queue, self.open_env = reset.worker_queue, True
         observation, rewards, info, versions = reset.observation, [], {}, set()
-        context_tokens = 0
+        gen = None
         for self.turn in range(spec.max_turns):
             self.phase = "generate"
-            gen, route = await generate_turn(spec, self.turn, observation, reset,
-                                             context_tokens)
+            gen, route, resent = await generate_turn(spec, self.turn, observation, reset, gen)
             if gen.finish_reason == CONTEXT_FULL:
                 break
             versions.add(gen.version)
-            context_tokens = gen.prompt_tokens + gen.new_tokens
             partial.turns += 1
+            partial.rerouted_turns += resent > 0
             partial.generated_tokens += gen.new_tokens
             partial.prompt_tokens += gen.prompt_tokens
             partial.cached_tokens += gen.cached_tokens
