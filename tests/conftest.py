@@ -46,9 +46,10 @@ async def engine(model_path):
 
 
 def make_config(temporal_server: DevServer, run_dir: Path, **overrides) -> RunConfig:
-    """Weights go through local files unless a test asks for Mooncake."""
+    """Weights go through local files unless a test asks for Mooncake; workflows run in the
+    sandbox, so every test also checks them for non-deterministic calls."""
     overrides = {"temporal.address": temporal_server.address, "run_dir": str(run_dir),
-                 "weights.backend": "local", **overrides}
+                 "weights.backend": "local", "temporal.workflow_sandbox": True, **overrides}
     return load_config(None, **overrides)
 
 

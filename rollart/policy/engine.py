@@ -8,11 +8,13 @@ allowed-token mask and temperature), which is what the trainer's importance rati
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 import uuid
 from dataclasses import dataclass, field
 
 from rollart.config import EngineConfig
+from rollart.policy.vllm_plugin import POLL_ENV
 
 
 @dataclass
@@ -53,6 +55,8 @@ class PolicyEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
+        if self.config.poll_ms is not None:
+            os.environ[POLL_ENV] = str(self.config.poll_ms)
         args = AsyncEngineArgs(
             model=self.model_path,
             dtype="float32",

@@ -4,6 +4,7 @@ its weights go out as named tensors (to the weight store) and its checkpoints to
 from __future__ import annotations
 
 import io
+import os
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -73,8 +74,7 @@ class _Batch:
 class Trainer:
     def __init__(self, model_path: str, learning_rate: float, seed: int = 0,
                  threads: int | None = None) -> None:
-        if threads:
-            torch.set_num_threads(threads)
+        torch.set_num_threads(threads or max((os.cpu_count() or 2) // 2, 1))
         self.model_path, self.learning_rate, self.seed = model_path, learning_rate, seed
         self.reset()
 

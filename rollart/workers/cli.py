@@ -115,7 +115,13 @@ def _stop_on_sigterm() -> None:
 
 def cmd_train(args: argparse.Namespace) -> int:
     from rollart.policy.model import resolve_model_path
-    from rollart.workers.progress import console, follow, plot_curve, read_metrics
+    from rollart.workers.progress import (
+        console,
+        follow,
+        plot_curve,
+        read_metrics,
+        write_cpu_budget,
+    )
     from rollart.workers.stack import Stack
 
     config = _config(args, fresh_run_dir=True)
@@ -134,11 +140,18 @@ def cmd_train(args: argparse.Namespace) -> int:
                           f"http://127.0.0.1:{config.temporal.ui_port}; workers: "
                           f"{', '.join(stack.processes)} (logs in {stack.logs})")
             client, handle = await _start_workflow(config, workflow_id)
-            return await follow(client, handle, run_dir, check=stack.check_alive)
 
+            def check() -> None:
+                stack.check_alive()
+                cpu.update(stack.cpu_seconds())
+
+            return await follow(client, handle, run_dir, check=check)
+
+    cpu: dict[str, float] = {}
     status = asyncio.run(main())
     metrics = read_metrics(run_dir)
     curve = plot_curve(metrics, run_dir / "curve.png")
+    cpu_line = write_cpu_budget(cpu, metrics, run_dir / "cpu.json")
     last = status.history[-1] if status.history else None
     ledger = status.ledger
     console.print(
@@ -151,6 +164,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         f"{'curve.png, ' if curve else ''}weights/, trajectories/, logs/)"
         f"\nWeb UI on this run's histories: rollart ui {run_dir}  then open "
         f"http://127.0.0.1:{config.temporal.ui_port}/namespaces/default/workflows"
+        + (f"\n{cpu_line}" if cpu_line else "")
     )
     return 0
 

@@ -12,7 +12,7 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Literal
 
-from temporalio.worker import Worker
+from temporalio.worker import UnsandboxedWorkflowRunner, Worker
 
 from rollart import search_attributes
 from rollart.config import RunConfig
@@ -120,9 +120,11 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
         if config.temporal.search_attributes:
             await search_attributes.register(client, config.temporal.namespace)
         router = RouterActivities()
+        runner = {} if config.temporal.workflow_sandbox else {
+            "workflow_runner": UnsandboxedWorkflowRunner()}
         return [Worker(client, task_queue=config.temporal.control_queue,
                        workflows=[TrainingWorkflow, TrajectoryWorkflow, BatchRolloutWorkflow],
-                       activities=[router.route, router.release])]
+                       activities=[router.route, router.release], **runner)]
     if role in ("env", "reward"):
         from rollart.envs import load_plugins
 

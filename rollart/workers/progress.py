@@ -96,6 +96,26 @@ def read_metrics(run_dir: Path) -> list[IterationMetrics]:
     return [IterationMetrics.model_validate(json.loads(line)) for line in lines if line.strip()]
 
 
+def turns_served(metrics: list[IterationMetrics]) -> int:
+    """Generate requests the replicas served over these iterations (each a turn)."""
+    return sum(r.requests for m in metrics for r in m.replicas.values())
+
+
+def write_cpu_budget(cpu_s: dict[str, float], metrics: list[IterationMetrics],
+                     out: Path) -> str:
+    """Write where the run's CPU went (seconds and ms per turn, by process); returns a line
+    saying so, or "" when there is nothing to say."""
+    turns = turns_served(metrics)
+    if not cpu_s or not turns:
+        return ""
+    per_turn = {name: 1000 * seconds / turns for name, seconds in sorted(
+        cpu_s.items(), key=lambda item: -item[1])}
+    out.write_text(json.dumps({"turns": turns, "cpu_s": cpu_s, "cpu_ms_per_turn": per_turn},
+                              indent=2) + "\n")
+    shown = ", ".join(f"{name} {ms:.1f}" for name, ms in per_turn.items() if ms >= 0.5)
+    return f"CPU per turn ({turns} turns, ms): {shown}  ({out.name})"
+
+
 def plot_curve(metrics: list[IterationMetrics], out: Path) -> Path | None:
     if not metrics:
         return None

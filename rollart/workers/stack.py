@@ -45,6 +45,7 @@ class Stack:
             self.mooncake = MooncakeMaster(int(port), self.logs / "mooncake_master.log")
         self.commands = worker_commands(config_file, config)
         self.processes: dict[str, subprocess.Popen] = {}
+        self._cpu: dict[int, tuple[str, float]] = {}
 
     def start(self) -> Stack:
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -71,6 +72,37 @@ class Stack:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)
         process.wait()
+
+    def cpu_seconds(self) -> dict[str, float]:
+        """CPU seconds (user + system) each process of the stack used so far, by name: the dev
+        server, the Mooncake master, each worker, and each worker's children by their own title
+        (a generation replica's vLLM engine core and worker). A process that has exited keeps
+        the last figure read for it, so call this now and then (rollart train does, each
+        second)."""
+        import psutil
+
+        roots = {name: process.pid for name, process in self.processes.items()}
+        for name, server in (("temporal dev server", self.server if self.start_server else None),
+                             ("mooncake master", self.mooncake)):
+            if server is not None and server.process is not None:
+                roots[name] = server.process.pid
+        for name, pid in roots.items():
+            try:
+                root = psutil.Process(pid)
+                family = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                continue
+            for process in family:
+                try:
+                    label = name if process.pid == pid else f"{name} {_title(process)}"
+                    times = process.cpu_times()
+                except psutil.Error:
+                    continue
+                self._cpu[process.pid] = (label, times.user + times.system)
+        totals: dict[str, float] = {}
+        for label, seconds in self._cpu.values():
+            totals[label] = totals.get(label, 0.0) + seconds
+        return totals
 
     def check_alive(self) -> None:
         for name, process in self.processes.items():
@@ -112,3 +144,9 @@ class Stack:
 
     def __exit__(self, *exc) -> None:
         self.stop()
+
+
+def _title(process) -> str:
+    """A child's name as it shows in `ps`: vLLM retitles its engine processes."""
+    command = process.cmdline()
+    return command[0] if command and command[0].startswith("VLLM::") else process.name()

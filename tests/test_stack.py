@@ -1,0 +1,44 @@
+"""The embedded stack's accounting of where the CPU goes, on real processes."""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from rollart.config import load_config
+from rollart.workers.progress import write_cpu_budget
+from rollart.workers.stack import Stack
+
+SPIN = "import time\nend = time.process_time() + {s}\nwhile time.process_time() < end: pass\n"
+
+
+def test_cpu_is_counted_per_process_and_its_children(tmp_path):
+    config = load_config(None, run_dir=str(tmp_path), **{"weights.backend": "local"})
+    stack = Stack(config, tmp_path / "config.json", start_server=False)
+    parent = (f"import subprocess, sys\n{SPIN.format(s=0.3)}"
+              f"subprocess.run([sys.executable, '-c', {SPIN.format(s=0.6)!r}])\n")
+    stack.commands = {"busy": [sys.executable, "-c", parent]}
+    stack.logs.mkdir(parents=True)
+    stack.spawn("busy")
+    seen: dict[str, float] = {}
+    while stack.processes["busy"].poll() is None:
+        seen = stack.cpu_seconds()
+        time.sleep(0.05)
+    assert 0.25 <= seen["busy"] <= 1.0
+    child = next(name for name in seen if name.startswith("busy "))
+    assert 0.5 <= seen[child] <= 1.5, seen  # the child's last reading survives its exit
+
+
+def test_cpu_budget_is_per_served_turn(tmp_path):
+    from datetime import UTC, datetime
+
+    from rollart.contracts import IterationMetrics, ReplicaMetrics
+
+    metrics = [IterationMetrics(
+        iteration=i, ended_at=datetime.now(UTC), version=i, reward_mean=0, success_rate=0,
+        trajectories=8, generated_tokens=0, rollout_s=1, train_s=1, weight_update_s=0,
+        step_s=2, tokens_per_s=0, loss=0, replicas={"r0": ReplicaMetrics(requests=50)})
+        for i in range(2)]
+    line = write_cpu_budget({"server": 2.0, "control": 0.5}, metrics, tmp_path / "cpu.json")
+    assert line.startswith("CPU per turn (100 turns, ms): server 20.0, control 5.0")
+    assert write_cpu_budget({}, metrics, tmp_path / "none.json") == ""
