@@ -6,8 +6,12 @@ batch success rate reaches the target or the iteration cap. Throughput is traine
 (and their sampled tokens) per second of run wall time; time-to-score is the wall time until the
 first batch at the target. Ratios are to sync.
 
-Run: .venv/bin/python benchmarks/async_vs_sync.py [--target 0.8] [--max-iterations 30]
-(writes results/async_vs_sync.json and async_vs_sync.md beside this file)
+Weights go through local files, as when the results were first measured (before the Mooncake
+store), so a rerun compares with them and needs no mooncake_master.
+
+Run: .venv/bin/python benchmarks/async_vs_sync.py [--target 0.8] [--max-iterations 30] [--smoke]
+(writes results/async_vs_sync.json and async_vs_sync.md beside this file; --smoke: every mode and
+the scheduling comparison at the smallest sizes, nothing written)
 """
 
 from __future__ import annotations
@@ -75,9 +79,12 @@ async def run_mode(client, base: dict, name: str, overrides: dict) -> dict:
 
 SCHEDULING_SIGMAS = {"low_variance": 0.25, "high_variance": 1.5}
 SCHEDULING_TRAJECTORIES, SCHEDULING_TURNS = 32, 8
+SMOKE = {"algorithm.group_size": 4, "algorithm.batch_size": 16, "algorithm.minibatches": 1,
+         "algorithm.iterations": 2}
+SMOKE_TRAJECTORIES, SMOKE_TURNS = 4, 2
 
 
-async def scheduling(client, base: dict) -> dict:
+async def scheduling(client, base: dict, trajectories: int, turns: int) -> dict:
     """Trajectory-level (one workflow per trajectory, each at its own pace) vs batch-level
     (lockstep turns) rollout of the same fixed-length episodes, as env latency variance grows."""
     results = {}
@@ -85,20 +92,19 @@ async def scheduling(client, base: dict) -> dict:
         latency = {"step_median_s": 0.05, "step_sigma": sigma}
         config = load_config(None, **{**base, "domains.frozenlake.faults": latency,
                                       "domains.frozenlake.env": "corridor",
-                                      "domains.frozenlake.max_turns": SCHEDULING_TURNS})
+                                      "domains.frozenlake.max_turns": turns})
         specs = [TrajectorySpec.for_domain(config, "frozenlake", f"sched-{label}-{kind}-{i}",
                                            "g", seed=i)
-                 for kind in ("traj", "batch") for i in range(SCHEDULING_TRAJECTORIES)]
+                 for kind in ("traj", "batch") for i in range(trajectories)]
         queue = config.temporal.control_queue
         started = time.perf_counter()
         await asyncio.gather(*(
             client.execute_workflow(TrajectoryWorkflow.run, spec, id=spec.trajectory_id,
                                     task_queue=queue)
-            for spec in specs[:SCHEDULING_TRAJECTORIES]))
+            for spec in specs[:trajectories]))
         trajectory_s = time.perf_counter() - started
         started = time.perf_counter()
-        await client.execute_workflow(BatchRolloutWorkflow.run,
-                                      specs[SCHEDULING_TRAJECTORIES:],
+        await client.execute_workflow(BatchRolloutWorkflow.run, specs[trajectories:],
                                       id=f"sched-{label}-batch", task_queue=queue)
         batch_s = time.perf_counter() - started
         results[label] = {"step_sigma": sigma, "trajectory_level_s": trajectory_s,
@@ -113,11 +119,14 @@ async def main(args: argparse.Namespace) -> dict:
     base = {"temporal.address": server.address, "run_dir": str(work),
             "algorithm.group_size": 8, "algorithm.batch_size": args.batch,
             "algorithm.iterations": args.max_iterations,
-            "algorithm.stop_at_success": args.target, "domains.frozenlake.faults": LATENCY}
+            "algorithm.stop_at_success": args.target, "domains.frozenlake.faults": LATENCY,
+            "weights.backend": "local", **(SMOKE if args.smoke else {})}
+    sizes = ((SMOKE_TRAJECTORIES, SMOKE_TURNS) if args.smoke
+             else (SCHEDULING_TRAJECTORIES, SCHEDULING_TURNS))
     results = {}
     try:
         async with in_process_fleet(load_config(None, **base), engine) as client:
-            results["scheduling"] = await scheduling(client, base)
+            results["scheduling"] = await scheduling(client, base, *sizes)
             if args.scheduling_only:
                 return results
             with Progress(console=console) as progress:
@@ -150,6 +159,8 @@ def scheduling_lines(sched: dict) -> list[str]:
 def report(results: dict, args: argparse.Namespace) -> None:
     sched = results.pop("scheduling")
     console.print({label: round(r["ratio"], 2) for label, r in sched.items()})
+    if args.scheduling_only and args.smoke:
+        return
     if args.scheduling_only:  # keep the training comparison from the last full run
         here = Path(__file__).parent
         out = here / "results" / "async_vs_sync.json"
@@ -202,6 +213,8 @@ def report(results: dict, args: argparse.Namespace) -> None:
         table.add_row(*row)
         lines.append("| " + " | ".join(row) + " |")
     console.print(table)
+    if args.smoke:
+        return
     save("async_vs_sync", summary, "Async vs sync",
          f".venv/bin/python benchmarks/async_vs_sync.py --target {args.target} "
          f"--max-iterations {args.max_iterations} --batch {args.batch}",
@@ -215,5 +228,7 @@ if __name__ == "__main__":
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--scheduling-only", action="store_true",
                         help="only trajectory- vs batch-level scheduling; merged into the JSON")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest run of every code path (CI), nothing written")
     arguments = parser.parse_args()
     report(asyncio.run(main(arguments)), arguments)

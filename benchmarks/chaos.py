@@ -11,8 +11,9 @@ audited from Temporal itself:
   train.step inputs in the training workflow's histories — must be 0;
 - recovery: for each kill, the time until the next iteration completed.
 
-Run: .venv/bin/python benchmarks/chaos.py [--iterations 12] [--seed 0]
-(writes results/chaos.json and chaos.md beside this file)
+Run: .venv/bin/python benchmarks/chaos.py [--iterations 12] [--seed 0] [--smoke]
+(writes results/chaos.json and chaos.md beside this file; --smoke: 2 iterations, one kill
+after 30 s, nothing written)
 """
 
 from __future__ import annotations
@@ -60,7 +61,7 @@ def chaos_config(run_dir: Path, iterations: int):
 
 
 async def chaos(config, config_file: Path, rng: random.Random, min_gap: float,
-                max_gap: float) -> dict:
+                max_gap: float, max_kills: int | None) -> dict:
     kills: list[dict] = []
     with Stack(config, config_file) as stack:
         client = await connect(config.temporal)
@@ -70,7 +71,7 @@ async def chaos(config, config_file: Path, rng: random.Random, min_gap: float,
         result = asyncio.ensure_future(handle.result())
         victims = sorted(stack.commands)
         started = time.monotonic()
-        while not result.done():
+        while not result.done() and (max_kills is None or len(kills) < max_kills):
             await asyncio.wait([result], timeout=rng.uniform(min_gap, max_gap))
             if result.done():
                 break
@@ -83,12 +84,10 @@ async def chaos(config, config_file: Path, rng: random.Random, min_gap: float,
             kills.append({"victim": victim, "at": killed_at.isoformat()})
             if time.monotonic() - started > 3600:
                 raise TimeoutError("the chaos run did not finish within an hour")
-        status = result.result()
-        batches = await trained_ids_by_iteration(client, WORKFLOW_ID)
-        running = [w.id async for w in client.list_workflows(
-            f"WorkflowType='TrajectoryWorkflow' AND ExecutionStatus='Running' "
-            f"AND WorkflowId STARTS_WITH '{WORKFLOW_ID}'")]
+        status = await result
         wall = time.monotonic() - started
+        batches = await trained_ids_by_iteration(client, WORKFLOW_ID)
+        running = await still_running(client)
     counts = Counter(tid for ids in batches.values() for tid in set(ids))
     ends = sorted(m.ended_at for m in status.history)
     recoveries = []
@@ -114,20 +113,39 @@ async def chaos(config, config_file: Path, rng: random.Random, min_gap: float,
     }
 
 
+async def still_running(client, wait_s: float = 60) -> list[str]:
+    """This run's trajectory workflows not ended yet. One the training run cancelled as it ended
+    is counted (evicted) but may still be ending, its own activities cancelled first (one on a
+    replica just killed), so those get `wait_s` to end before they count as lost."""
+    query = (f"WorkflowType='TrajectoryWorkflow' AND ExecutionStatus='Running' "
+             f"AND WorkflowId STARTS_WITH '{WORKFLOW_ID}'")
+    deadline = time.monotonic() + wait_s
+    while True:
+        running = [w.id async for w in client.list_workflows(query)]
+        if not running or time.monotonic() > deadline:
+            return running
+        await asyncio.sleep(1)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iterations", type=int, default=12)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--min-gap", type=float, default=15)
     parser.add_argument("--max-gap", type=float, default=35)
+    parser.add_argument("--max-kills", type=int, help="stop killing after this many")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest run of every code path (CI), nothing written")
     args = parser.parse_args()
+    if args.smoke:
+        args.iterations, args.min_gap, args.max_gap, args.max_kills = 2, 30, 30, 1
     with tempfile.TemporaryDirectory(prefix="rollart-chaos-") as tmp:
         config = chaos_config(Path(tmp) / "run", args.iterations)
         Path(config.run_dir).mkdir(parents=True)
         config_file = Path(config.run_dir) / "config.json"
         config_file.write_text(config.model_dump_json())
         results = asyncio.run(chaos(config, config_file, random.Random(args.seed),
-                                    args.min_gap, args.max_gap))
+                                    args.min_gap, args.max_gap, args.max_kills))
     table = Table(title="chaos: SIGKILL and restart of random workers during training")
     for column in ("kills", "lost", "duplicated", "iterations", "max recovery s",
                    "median iteration s", "trained", "failed", "evicted"):
@@ -139,6 +157,8 @@ def main() -> None:
            str(ledger["failed"]), str(ledger["evicted"])]
     table.add_row(*row)
     console.print(table)
+    if args.smoke:
+        return
     kill_lines = [f"- {k['victim']}: next iteration {k['recovery_s']:.1f} s after the kill"
                   if k["recovery_s"] is not None else f"- {k['victim']}: after the last iteration"
                   for k in results["kill_log"]]

@@ -13,8 +13,9 @@ Part 2, simulated scale: 8 to 32 replicas of a cost-model engine (prefill cost p
 token, decode cost per batched step, an LRU prefix cache of fixed token capacity), the same router
 code, a simulated clock.
 
-Run: .venv/bin/python benchmarks/routing.py [--rounds 2] [--quick]
-(writes results/routing.json and routing.md beside this file)
+Run: .venv/bin/python benchmarks/routing.py [--rounds 2] [--quick] [--smoke]
+(writes results/routing.json and routing.md beside this file; --smoke: --quick in one round and
+a small simulated fleet, nothing written)
 """
 
 from __future__ import annotations
@@ -124,8 +125,9 @@ async def real_round(engines: dict[str, PolicyEngine], pool: str, policy: str, w
 
 
 async def real_engines(args: argparse.Namespace, work: Workload) -> dict:
-    model = ensure_tiny_model(Path(tempfile.gettempdir()) / "rollart-bench-routing-model",
-                              seed=0, hidden_size=args.hidden, layers=args.layers)
+    model = ensure_tiny_model(
+        Path(tempfile.gettempdir()) / f"rollart-bench-routing-model-{args.hidden}x{args.layers}",
+        seed=0, hidden_size=args.hidden, layers=args.layers)
     config = EngineConfig(max_model_len=2048, kv_cache_mib=args.kv_mib, max_num_seqs=64)
     pool = "bench"
     engines = {}
@@ -295,13 +297,17 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--kv-mib", type=int, default=128)
-    parser.add_argument("--quick", action="store_true", help="a small workload (smoke test)")
+    parser.add_argument("--quick", action="store_true", help="a small workload")
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest run of every code path (CI), nothing written")
     args = parser.parse_args()
+    if args.smoke:
+        args.quick, args.rounds = True, 1
     work = Workload(groups=4, turns=3) if args.quick else Workload()
     real = asyncio.run(real_engines(args, work))
     sim_work = Workload(groups=8, siblings=4, turns=10, prompt_tokens=1024,
                         observation_tokens=128, new_tokens=32, env_median_s=0.05)
-    sizes = [8] if args.quick else [8, 16, 32]
+    sizes = [2] if args.smoke else [8] if args.quick else [8, 16, 32]
     sim = simulated_scale(sizes, sim_work, CostModel())
 
     table = Table(title=f"real: {args.replicas} vLLM replicas, {work.trajectories} concurrent "
@@ -353,6 +359,8 @@ def main() -> None:
     header = ("| policy | cache hit rate | turns/s | prompt tok/s | wall s "
               "| throughput vs round_robin |")
     sim_header = "| replicas | policy | cache hit rate | turns/s | vs round_robin |"
+    if args.smoke:
+        return
     save("routing", results, "Routing: cache-aware vs round-robin vs least-loaded",
          "python benchmarks/routing.py" + (" --quick" if args.quick else ""),
          [table.title, "", header, "|" + "---|" * 6, *rows, "", sim_table.title, "",

@@ -14,8 +14,9 @@ Store throughput (push and verified pull, GB/s) is compared with a plain memory 
 bytes in the same run. "Load" copies the pulled tensors into the replica's own (preallocated)
 parameters, as an engine's in-place reload does.
 
-Run: .venv/bin/python benchmarks/weight_transfer.py [--max-gb 2] [--bucket-mib 64]
-(writes results/weight_transfer.json and weight_transfer.md beside this file)
+Run: .venv/bin/python benchmarks/weight_transfer.py [--max-gb 2] [--bucket-mib 64] [--smoke]
+(writes results/weight_transfer.json and weight_transfer.md beside this file; --smoke: the tiny
+policy and 0.25 GB, nothing written)
 """
 
 from __future__ import annotations
@@ -140,7 +141,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-gb", type=float, default=2.0)
     parser.add_argument("--bucket-mib", type=float, default=64)
+    parser.add_argument("--smoke", action="store_true",
+                        help="the smallest run of every code path (CI), nothing written")
     args = parser.parse_args()
+    if args.smoke:
+        args.max_gb = 0.25
     sizes = [("tiny policy", None)] + [(f"{gb:g} GB", gb) for gb in (0.25, 1, 2, 4, 8)
                                        if gb <= args.max_gb]
     largest = max(gb for _, gb in sizes if gb) if any(gb for _, gb in sizes) else 0
@@ -196,6 +201,8 @@ def main() -> None:
         "rows": rows,
         "bucket_mib": args.bucket_mib,
     }
+    if args.smoke:
+        return
     save("weight_transfer", results, "Weight transfer: synchronous vs overlapped pull",
          "python benchmarks/weight_transfer.py"
          + (f" --max-gb {args.max_gb:g}" if args.max_gb != 2 else ""),
