@@ -117,8 +117,9 @@ class RoutingConfig(StrictModel):
         512, ge=1, description="cache_aware: every this many context tokens a trajectory holds "
         "on its replica add one to the imbalance it tolerates before moving.")
     schedule_to_start_s: float = Field(
-        30.0, gt=0, description="A request no replica worker picks up within this is re-routed "
-        "and its replica marked down.")
+        30.0, gt=0, description="A request no replica worker picks up within this is sent "
+        "again; its replica is marked down only if it does not answer a ping either, and never "
+        "when it is the domain's only replica (whose requests wait up to 10 minutes).")
     down_s: float = Field(10.0, gt=0, description="A replica marked down is probed again after "
                           "this; traffic returns once a probe is served.")
 

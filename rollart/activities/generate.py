@@ -180,7 +180,7 @@ class GenerateActivities:
 
     @activity.defn(name="gen.ping")
     async def ping(self) -> str:
-        """Answered on the replica's liveness queue, whatever its generate slots are doing."""
+        """Answered on the replica's admin queue, whatever its generate slots are doing."""
         return self.replica
 
     @activity.defn(name="gen.update_weights")

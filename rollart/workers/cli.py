@@ -149,6 +149,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     cpu: dict[str, float] = {}
     status = asyncio.run(main())
+    (run_dir / "status.json").write_text(status.model_dump_json(indent=2))
     metrics = read_metrics(run_dir)
     curve = plot_curve(metrics, run_dir / "curve.png")
     cpu_line = write_cpu_budget(cpu, metrics, run_dir / "cpu.json")
@@ -160,8 +161,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         + f"\ntrajectories: started {ledger.started}, trained {ledger.trained}, "
         f"failed {ledger.failed}, evicted {ledger.evicted}"
         + (f" ({status.readmitted} after a re-run)" if status.readmitted else "")
-        + f"\nrun directory: {run_dir}  (config.json, metrics.jsonl, "
-        f"{'curve.png, ' if curve else ''}weights/, trajectories/, logs/)"
+        + f"\nrun directory: {run_dir}  (config.json, metrics.jsonl, status.json, "
+        f"{'curve.png, ' if curve else ''}cpu.json, weights/, trajectories/, logs/)"
         f"\nWeb UI on this run's histories: rollart ui {run_dir}  then open "
         f"http://127.0.0.1:{config.temporal.ui_port}/namespaces/default/workflows"
         + (f"\n{cpu_line}" if cpu_line else "")
