@@ -50,7 +50,8 @@ def train(extra: list[str], smoke: bool) -> dict:
     total_min = (time.perf_counter() - started) / 60
     metrics = read_metrics(run_dir)
     status = TrainingStatus.model_validate_json((run_dir / "status.json").read_text())
-    cpu = json.loads((run_dir / "cpu.json").read_text())
+    cpu_file = run_dir / "cpu.json"
+    cpu = json.loads(cpu_file.read_text()) if cpu_file.exists() else {"cpu_ms_per_turn": {}}
     reached = next((m for m in metrics if m.success_rate >= TARGET), None)
     return {
         "run_dir": str(run_dir),

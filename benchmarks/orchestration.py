@@ -64,6 +64,32 @@ BEFORE_CPU_MS_PER_TURN = {
 }
 
 
+# What the CPU budget changed or left, each measured once on this 2-core machine (2026-12-01).
+FINDINGS = [
+    "Dev server dispatch: the history service polls its transfer queue at most 20 times a "
+    "second by default, so every activity and workflow task waited ~35 ms before dispatch: a "
+    "no-op activity one after another took 87 ms, 18 ms with "
+    "`history.transferProcessorMaxPollRPS = 1000` (rollart.workers.devserver).",
+    "vLLM busy-loops a second after every message between its engine core and worker: its "
+    "worker used 28 ms of CPU per request at one request every 20 ms, 7 ms sleeping in 1 ms "
+    "slices (`engine.poll_ms`); latency 8.2 -> 10.4 ms per request. Sleeping on vLLM's own "
+    "notification alone lost wake-ups (1.9 s per request), hence the slices.",
+    "Workflow sandbox: 24% of the control worker's samples (py-spy) ran inside it; off by "
+    "default now (`temporal.workflow_sandbox`), on in the tests: control 23.9 -> 15.6 ms of "
+    "CPU per turn.",
+    "Trainer threads: torch's default (2) against the rollout on 2 cores made a train step "
+    "4.5 s; 1 thread: 2 s (`trainer.threads` defaults to half the cores).",
+    "Kept: SQLite persistence with WAL and synchronous=normal. The dev server's CPU per no-op "
+    "activity: 12.7 ms in memory, 11.8 ms WAL + normal, 10.8 ms WAL + off (off can corrupt the "
+    "run's database on a crash); history.enableTransitionHistory and history.enableChasm off "
+    "changed nothing; schedule-to-start and heartbeat timeouts cost 0.9 ms per activity.",
+    "Left: 14 history events a turn (two activities, two workflow tasks, the router's two "
+    "markers). The dev server's ~12 ms of CPU per activity and its workflow task is the floor "
+    "of this design on one small machine: two activities a turn cap it near 55 turns/s on 2 "
+    "cores before any other work, whatever rollart does.",
+]
+
+
 @activity.defn(name="bench.noop")
 async def noop(step: int) -> int:
     return step
@@ -276,6 +302,8 @@ def report(results: dict, args: argparse.Namespace) -> None:
                   "| process | CPU ms per turn |", "|---|---:|"]
     cpu_lines += [f"| {name} | {ms:.1f} |" for name, ms in BEFORE_CPU_MS_PER_TURN.items()]
     cpu_lines.append(f"| all | {sum(BEFORE_CPU_MS_PER_TURN.values()):.1f} |")
+    cpu_lines += ["", "## What the CPU budget changed, and left", ""]
+    cpu_lines += [f"- {finding}" for finding in FINDINGS]
     if args.smoke:
         return
     command = ".venv/bin/python benchmarks/orchestration.py" + (

@@ -40,5 +40,6 @@ def test_cpu_budget_is_per_served_turn(tmp_path):
         step_s=2, tokens_per_s=0, loss=0, replicas={"r0": ReplicaMetrics(requests=50)})
         for i in range(2)]
     line = write_cpu_budget({"server": 2.0, "control": 0.5}, metrics, tmp_path / "cpu.json")
-    assert line.startswith("CPU per turn (100 turns, ms): server 20.0, control 5.0")
+    assert line.startswith("CPU per turn, start-up included (100 turns, ms): server 20.0, "
+                           "control 5.0")
     assert write_cpu_budget({}, metrics, tmp_path / "none.json") == ""

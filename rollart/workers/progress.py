@@ -103,8 +103,8 @@ def turns_served(metrics: list[IterationMetrics]) -> int:
 
 def write_cpu_budget(cpu_s: dict[str, float], metrics: list[IterationMetrics],
                      out: Path) -> str:
-    """Write where the run's CPU went (seconds and ms per turn, by process); returns a line
-    saying so, or "" when there is nothing to say."""
+    """Write where the run's CPU went, start-up included (seconds and ms per turn, by
+    process); returns a line saying so, or "" when there is nothing to say."""
     turns = turns_served(metrics)
     if not cpu_s or not turns:
         return ""
@@ -113,7 +113,7 @@ def write_cpu_budget(cpu_s: dict[str, float], metrics: list[IterationMetrics],
     out.write_text(json.dumps({"turns": turns, "cpu_s": cpu_s, "cpu_ms_per_turn": per_turn},
                               indent=2) + "\n")
     shown = ", ".join(f"{name} {ms:.1f}" for name, ms in per_turn.items() if ms >= 0.5)
-    return f"CPU per turn ({turns} turns, ms): {shown}  ({out.name})"
+    return f"CPU per turn, start-up included ({turns} turns, ms): {shown}  ({out.name})"
 
 
 def plot_curve(metrics: list[IterationMetrics], out: Path) -> Path | None:
