@@ -43,7 +43,7 @@ from rollart.policy.model import resolve_model_path
 from rollart.store import TrajectoryStore, TurnRecord
 from rollart.workers.client import connect
 from rollart.workers.devserver import free_port
-from rollart.workers.progress import turns_served
+from rollart.workers.progress import turns_per_s, turns_served
 from rollart.workers.stack import Stack
 from rollart.workflows.training import TrainingInput, TrainingWorkflow
 from rollart.workflows.trajectory import TrajectoryWorkflow
@@ -239,8 +239,8 @@ async def main(args: argparse.Namespace) -> dict:
     results["failed_trajectories"] = status.ledger.failed
     window = sizes["window"]
     early, late = history[1:1 + window], history[-window:]
-    results["early_turns_per_s"] = turns_served(early) / sum(m.step_s for m in early)
-    results["late_turns_per_s"] = turns_served(late) / sum(m.step_s for m in late)
+    results["early_turns_per_s"] = turns_per_s(early)
+    results["late_turns_per_s"] = turns_per_s(late)
     results["late_vs_early_turns_per_s"] = (results["late_turns_per_s"]
                                             / results["early_turns_per_s"])
     steps = sum(m.step_s for m in history)

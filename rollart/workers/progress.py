@@ -101,6 +101,13 @@ def turns_served(metrics: list[IterationMetrics]) -> int:
     return sum(r.requests for m in metrics for r in m.replicas.values())
 
 
+def turns_per_s(metrics: list[IterationMetrics]) -> float:
+    """Rollout rate over these iterations: turns served per second of iteration wall time
+    (rollout overlaps the train step in the asynchronous modes, so wall time is the clock)."""
+    seconds = sum(m.step_s for m in metrics)
+    return turns_served(metrics) / seconds if seconds else 0.0
+
+
 def write_cpu_budget(cpu_s: dict[str, float], metrics: list[IterationMetrics],
                      out: Path) -> str:
     """Write where the run's CPU went, start-up included (seconds and ms per turn, by
