@@ -53,7 +53,8 @@ def plot(metrics: list[IterationMetrics], rows: list[dict], out: Path) -> None:
     fig, (rate, success) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
     rate.plot([m.iteration for m in metrics[1:]], [turns_per_s([m]) for m in metrics[1:]],
               color="lightgrey", linewidth=1, label="iteration")
-    rate.step([r["iterations"][0] for r in rows], [r["turns_per_s"] for r in rows],
+    rate.step([r["iterations"][0] for r in rows] + [rows[-1]["iterations"][1]],
+              [r["turns_per_s"] for r in rows] + [rows[-1]["turns_per_s"]],
               where="post", label="window mean")
     rate.set_ylabel("rollout turns/s")
     rate.set_ylim(bottom=0)
@@ -115,7 +116,8 @@ def main() -> None:
         "`results/long_run.png`.",
     ]
     save("long_run", results, "Long run: the rollout rate as the run grows",
-         f".venv/bin/python benchmarks/long_run.py --iterations {args.iterations}", body)
+         f".venv/bin/python benchmarks/long_run.py --iterations {args.iterations} "
+         f"--window {args.window}", body)
     plot(metrics, rows, HERE / "results" / "long_run.png")
 
 
