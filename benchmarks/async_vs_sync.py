@@ -32,7 +32,8 @@ from rollart.config import load_config
 from rollart.contracts import TrainingStatus, TrajectorySpec
 from rollart.policy.engine import PolicyEngine
 from rollart.policy.model import resolve_model_path
-from rollart.workers.devserver import DevServer, free_port
+from rollart.servers import free_port
+from rollart.workers.devserver import DevServer
 from rollart.workers.fleet import in_process_fleet
 from rollart.workflows.batch_rollout import BatchRolloutWorkflow
 from rollart.workflows.training import TrainingInput, TrainingWorkflow

@@ -34,9 +34,9 @@ from rich.table import Table
 
 from rollart.config import load_config
 from rollart.contracts import TrainingStatus
+from rollart.servers import free_port
 from rollart.workers.audit import trained_ids_by_iteration
 from rollart.workers.client import connect
-from rollart.workers.devserver import free_port
 from rollart.workers.stack import Stack
 from rollart.workflows.training import TrainingInput
 

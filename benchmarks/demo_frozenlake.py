@@ -25,7 +25,7 @@ from pathlib import Path
 
 from rollart.contracts import TrainingStatus
 from rollart.envs.frozenlake import random_walk_success
-from rollart.workers.devserver import free_port
+from rollart.servers import free_port
 from rollart.workers.progress import read_metrics
 
 HERE = Path(__file__).parent

@@ -40,9 +40,9 @@ from rollart.contracts import TrainingStatus, TrajectoryResult, TrajectorySpec
 from rollart.envs import make_env
 from rollart.policy.engine import PolicyEngine
 from rollart.policy.model import resolve_model_path
+from rollart.servers import free_port
 from rollart.store import TrajectoryStore, TurnRecord
 from rollart.workers.client import connect
-from rollart.workers.devserver import free_port
 from rollart.workers.progress import turns_per_s, turns_served
 from rollart.workers.stack import Stack
 from rollart.workflows.training import TrainingInput, TrainingWorkflow

@@ -37,10 +37,11 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
+from rollart.activities.routing import ReplicaTable
 from rollart.config import EngineConfig, RoutingConfig
+from rollart.contracts import RouteRequest
 from rollart.policy.engine import PolicyEngine
 from rollart.policy.model import ensure_tiny_model
-from rollart.workflows.routing import ReplicaTable, RouteRequest
 
 POLICIES = ["round_robin", "least_loaded", "cache_aware"]
 console = Console()

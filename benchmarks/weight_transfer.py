@@ -33,8 +33,8 @@ from rich.console import Console
 from rich.table import Table
 
 from rollart.policy.model import resolve_model_path
+from rollart.servers import free_port
 from rollart.weights import MooncakeBackend, MooncakeMaster, Publisher, Puller, unpack
-from rollart.workers.devserver import free_port
 
 console = Console()
 CHUNK = 64 << 20

@@ -16,22 +16,29 @@ from typing import Protocol
 from rollart.config import StorageConfig
 
 
-class BlobStore(Protocol):
+class ByteStore(Protocol):
+    """Bytes by key: what blob stores and weight backends (rollart.weights) both are."""
+
     name: str
-    url: str
 
     def put(self, key: str, data: bytes) -> None: ...
 
     def get(self, key: str) -> bytes | None:
-        """The bytes under `key`, or None if there are none."""
-
-    def keys(self, prefix: str) -> list[str]:
-        """Every key under `prefix`, sorted."""
+        """The bytes under `key`, or None if there are none (never written, or evicted)."""
 
     def delete(self, prefix: str) -> None:
         """Drop every key under `prefix`."""
 
     def close(self) -> None: ...
+
+
+class BlobStore(ByteStore, Protocol):
+    """A durable byte store that can also list what it holds (off the hot path only)."""
+
+    url: str
+
+    def keys(self, prefix: str) -> list[str]:
+        """Every key under `prefix`, sorted."""
 
 
 class LocalBlobs:

@@ -104,7 +104,7 @@ class DomainConfig(StrictModel):
 
 
 class RoutingConfig(StrictModel):
-    """How a generate call picks a replica (see rollart.workflows.routing)."""
+    """How a generate call picks a replica (see rollart.activities.routing)."""
 
     policy: Literal["cache_aware", "round_robin", "least_loaded"] = "cache_aware"
     balance_abs_threshold: int = Field(

@@ -1,7 +1,9 @@
-"""Messages that cross process boundaries (workflow <-> activity payloads and query results).
+"""What crosses process boundaries: every activity's name and the messages workflows, activities
+and clients exchange (payloads and query results). It imports no logic, so the caller and the
+callee of an activity both take its name and types from here.
 
-They stay small on purpose: token data never travels through Temporal, only trajectory ids and
-per-turn text deltas; the token ids themselves live in the trajectory store.
+Messages stay small on purpose: token data never travels through Temporal, only trajectory ids
+and per-turn text deltas; the token ids themselves live in the trajectory store.
 """
 
 from __future__ import annotations
@@ -22,6 +24,23 @@ from rollart.config import (
 from rollart.queues import pool_queue
 
 TrajectoryStatus = Literal["completed", "failed", "cancelled"]
+
+
+class Activity:
+    """Activity type names. They are in every recorded history: renaming one breaks replay."""
+
+    ENV_CHECK = "env.check"
+    ENV_RESET = "env.reset"
+    ENV_STEP = "env.step"
+    ENV_CLOSE = "env.close"
+    GEN_ROUTE = "gen.route"
+    GEN_RELEASE = "gen.release"
+    GEN_GENERATE = "gen.generate"
+    GEN_PING = "gen.ping"
+    GEN_UPDATE_WEIGHTS = "gen.update_weights"
+    REWARD_COMPUTE = "reward.compute"
+    TRAIN_BEGIN_RUN = "train.begin_run"
+    TRAIN_STEP = "train.step"
 
 
 class TrajectorySpec(BaseModel):
@@ -114,6 +133,10 @@ class GenerateRequest(BaseModel):
         None, description="Sample exactly this many alphabet tokens (no end token).")
 
 
+CONTEXT_FULL = "context_full"
+"""`GenerateResult.finish_reason` of a turn whose prompt left no room to generate."""
+
+
 class GenerateResult(BaseModel):
     text: str
     prompt_tokens: int
@@ -124,6 +147,35 @@ class GenerateResult(BaseModel):
     mixed_versions: bool = False
     replica: str = Field("", description="The replica queue that served the turn.")
     request_id: str = ""
+
+
+class RouteRequest(BaseModel):
+    request_id: str
+    trajectory_id: str
+    group_id: str
+    context_tokens: int = 0
+    pools: list[tuple[str, int]]
+    """(pool name, replicas), the domain's pool first, then its fallbacks."""
+    routing: RoutingConfig
+
+
+class RouteDecision(BaseModel):
+    queue: str
+    pool: str
+    replica: int
+    fallback: bool
+    reason: str
+
+
+RouteOutcome = Literal["ok", "busy", "unreachable", "failed", "cancelled"]
+"""busy: the replica did not serve in time but answers pings (its queue is full); unreachable:
+it does not answer at all."""
+
+
+class ReleaseRequest(BaseModel):
+    request_id: str
+    outcome: RouteOutcome
+    down_s: float = 10.0
 
 
 class RewardRequest(BaseModel):

@@ -12,13 +12,8 @@ import pytest_asyncio
 
 from rollart.config import RunConfig, StorageConfig, load_config
 from rollart.policy.model import resolve_model_path
-from rollart.workers.devserver import (
-    DevServer,
-    LocalServer,
-    free_port,
-    installed_binary,
-    port_open,
-)
+from rollart.servers import LocalServer, free_port, installed_binary, port_open
+from rollart.workers.devserver import DevServer
 
 
 @pytest.fixture(scope="session")

@@ -6,14 +6,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from rollart.activities.routing import Candidate, ReplicaTable, choose, imbalanced
 from rollart.config import RoutingConfig
-from rollart.workflows.routing import (
-    Candidate,
-    ReplicaTable,
-    RouteRequest,
-    choose,
-    imbalanced,
-)
+from rollart.contracts import RouteRequest
 
 CACHE_AWARE = RoutingConfig(balance_abs_threshold=4, balance_rel_threshold=1.5,
                             progress_tokens=100)

@@ -18,9 +18,9 @@ from tls_proxy import make_pki, tls_proxy
 
 from rollart.config import TemporalConfig
 from rollart.contracts import TrajectoryResult, TrajectorySpec
+from rollart.servers import free_port
 from rollart.workers.client import client_options, connect
 from rollart.workers.codec import ENCODING, EncryptionCodec, codec_from_env, codec_server
-from rollart.workers.devserver import free_port
 from rollart.workers.fleet import in_process_fleet
 from rollart.workflows.trajectory import TrajectoryWorkflow
 

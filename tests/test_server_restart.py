@@ -9,7 +9,8 @@ import pytest
 from conftest import make_config
 
 from rollart.contracts import TrainingStatus
-from rollart.workers.devserver import DevServer, free_port
+from rollart.servers import free_port
+from rollart.workers.devserver import DevServer
 from rollart.workers.fleet import in_process_fleet
 from rollart.workflows.training import TrainingInput, TrainingWorkflow
 

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from rollart.blobs import LocalBlobs
+from rollart.servers import free_port
 from rollart.weights import (
     CorruptWeightsError,
     MooncakeBackend,
@@ -16,7 +17,6 @@ from rollart.weights import (
     mooncake_installed,
     unpack,
 )
-from rollart.workers.devserver import free_port
 
 needs_mooncake = pytest.mark.skipif(not mooncake_installed(), reason="Mooncake not installed")
 

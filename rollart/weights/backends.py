@@ -7,24 +7,12 @@ get then returns nothing).
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol
 
+from rollart.blobs import ByteStore, open_blobs
 from rollart.config import RunConfig
-from rollart.workers.devserver import LocalServer, free_port, installed_binary
+from rollart.servers import LocalServer, free_port, installed_binary
 
-
-class WeightBackend(Protocol):
-    name: str
-
-    def put(self, key: str, data: bytes) -> None: ...
-
-    def get(self, key: str) -> bytes | None:
-        """The bytes under `key`, or None if the store has none (never written, or evicted)."""
-
-    def delete(self, prefix: str) -> None:
-        """Drop every key under `prefix`."""
-
-    def close(self) -> None: ...
+WeightBackend = ByteStore
 
 
 class BackendError(RuntimeError):
@@ -110,8 +98,6 @@ def open_backends(config: RunConfig, lend: bool = True,
     """(primary, durable) weight backends for this run's config. Only a publisher should `lend`
     memory to the Mooncake store: objects placed in a replica's memory would vanish with the
     replica, and the master keeps placing new ones there until it notices."""
-    from rollart.blobs import open_blobs
-
     durable = open_blobs(config.weights_url, config.storage)
     if backend_choice(config) == "local":
         return durable, None

@@ -25,7 +25,8 @@ from temporalio.client import WorkflowFailureError  # noqa: E402
 
 from rollart.contracts import TrainingStatus, TrajectoryResult, TrajectorySpec  # noqa: E402
 from rollart.search_attributes import of_trajectory  # noqa: E402
-from rollart.workers.devserver import DevServer, free_port  # noqa: E402
+from rollart.servers import free_port  # noqa: E402
+from rollart.workers.devserver import DevServer  # noqa: E402
 from rollart.workers.fleet import in_process_fleet  # noqa: E402
 from rollart.workflows.training import TrainingInput, TrainingWorkflow  # noqa: E402
 from rollart.workflows.trajectory import TrajectoryWorkflow  # noqa: E402

@@ -15,7 +15,13 @@ import time
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
-from rollart.contracts import EnvResetRequest, EnvResetResult, EnvStepRequest, EnvStepResult
+from rollart.contracts import (
+    Activity,
+    EnvResetRequest,
+    EnvResetResult,
+    EnvStepRequest,
+    EnvStepResult,
+)
 from rollart.envs import Env, make_env, registered_envs
 from rollart.envs.base import UnknownEnvironmentError
 
@@ -31,7 +37,7 @@ class EnvActivities:
         self.last_step: dict[str, tuple[str, EnvStepResult]] = {}
         self._lock = threading.Lock()
 
-    @activity.defn(name="env.check")
+    @activity.defn(name=Activity.ENV_CHECK)
     def check(self, env_name: str, field: str = "env") -> list[str]:
         """Fails the run up front, naming the config field, when this pool's workers do not know
         the environment."""
@@ -43,7 +49,7 @@ class EnvActivities:
             )
         return registered_envs()
 
-    @activity.defn(name="env.reset")
+    @activity.defn(name=Activity.ENV_RESET)
     def reset(self, request: EnvResetRequest) -> EnvResetResult:
         if random.random() < request.faults.slow_reset_share:
             time.sleep(request.faults.slow_reset_s)
@@ -65,7 +71,7 @@ class EnvActivities:
                               answer_alphabet=getattr(env, "answer_alphabet", None),
                               answer_length=getattr(env, "answer_length", None))
 
-    @activity.defn(name="env.step")
+    @activity.defn(name=Activity.ENV_STEP)
     def step(self, request: EnvStepRequest) -> EnvStepResult:
         """Exactly once per step. An attempt that timed out but still runs (hung, or starved of
         CPU) does not step once its retry has started, and whichever of them steps first, the
@@ -119,7 +125,7 @@ class EnvActivities:
         if random.random() < faults.step_hang_rate:
             time.sleep(faults.hang_s)
 
-    @activity.defn(name="env.close")
+    @activity.defn(name=Activity.ENV_CLOSE)
     def close(self, trajectory_id: str) -> None:
         with self._lock:
             env = self.envs.pop(trajectory_id, None)

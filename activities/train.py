@@ -15,7 +15,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from rollart.blobs import BlobStore
-from rollart.contracts import TrainRequest, TrainResult, UpdateWeightsRequest
+from rollart.contracts import Activity, TrainRequest, TrainResult, UpdateWeightsRequest
 from rollart.policy.trainer import Trainer
 from rollart.store import StoreOpener
 from rollart.weights import Publisher, Puller, unpack
@@ -32,7 +32,7 @@ class TrainActivities:
         self.holds: int | None = None  # the run version whose weights the trainer holds
         self.done: dict[int, TrainResult] = {}
 
-    @activity.defn(name="train.step")
+    @activity.defn(name=Activity.TRAIN_STEP)
     def step(self, request: TrainRequest) -> TrainResult:
         if request.iteration in self.done:
             return self.done[request.iteration]
@@ -70,7 +70,7 @@ class TrainActivities:
                                     "state starts afresh (no checkpoint of v%d)", version, version)
         self.holds = version
 
-    @activity.defn(name="train.begin_run")
+    @activity.defn(name=Activity.TRAIN_BEGIN_RUN)
     def begin_run(self, run_id: str) -> UpdateWeightsRequest:
         """A new run starts from the configured model (not from what an earlier run left in this
         trainer) and publishes it as version 0, so the engines start from the trainer's

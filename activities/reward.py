@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from temporalio import activity
 
-from rollart.contracts import RewardRequest, RewardResult
+from rollart.contracts import Activity, RewardRequest, RewardResult
 
 RewardRule = Callable[[RewardRequest], RewardResult]
 _RULES: dict[str, RewardRule] = {}
@@ -30,6 +30,6 @@ def episode_return(request: RewardRequest) -> RewardResult:
     return RewardResult(reward=total, success=success)
 
 
-@activity.defn(name="reward.compute")
+@activity.defn(name=Activity.REWARD_COMPUTE)
 def compute_reward(request: RewardRequest) -> RewardResult:
     return _RULES.get(request.env_name, episode_return)(request)

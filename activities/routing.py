@@ -18,43 +18,12 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 from itertools import count
-from typing import Literal
-
-from pydantic import BaseModel
 
 from rollart.config import RoutingConfig
+from rollart.contracts import RouteDecision, RouteOutcome, RouteRequest
 from rollart.queues import replica_queue
 
 MAX_REMEMBERED = 100_000
-
-
-class RouteRequest(BaseModel):
-    request_id: str
-    trajectory_id: str
-    group_id: str
-    context_tokens: int = 0
-    pools: list[tuple[str, int]]
-    """(pool name, replicas), the domain's pool first, then its fallbacks."""
-    routing: RoutingConfig
-
-
-class RouteDecision(BaseModel):
-    queue: str
-    pool: str
-    replica: int
-    fallback: bool
-    reason: str
-
-
-Outcome = Literal["ok", "busy", "unreachable", "failed", "cancelled"]
-"""busy: the replica did not serve in time but answers pings (its queue is full); unreachable:
-it does not answer at all."""
-
-
-class ReleaseRequest(BaseModel):
-    request_id: str
-    outcome: Outcome
-    down_s: float = 10.0
 
 
 @dataclass
@@ -151,7 +120,7 @@ class ReplicaTable:
         queues = [replica_queue("gen", pool, k) for k in range(replicas)]
         return [Candidate(q, self.loads.get(q, 0), k) for k, q in enumerate(queues)]
 
-    def release(self, request_id: str, outcome: Outcome, now: float,
+    def release(self, request_id: str, outcome: RouteOutcome, now: float,
                 down_s: float = 10.0) -> None:
         """End a routed request; a replica that did not answer is marked down for `down_s`,
         one that served it or answered a ping is healthy again."""

@@ -29,6 +29,7 @@ from temporalio.workflow import ParentClosePolicy
 with workflow.unsafe.imports_passed_through():
     from rollart.config import RunConfig
     from rollart.contracts import (
+        Activity,
         DomainMetrics,
         IterationMetrics,
         RolloutShape,
@@ -151,12 +152,12 @@ class TrainingWorkflow:
         the configured model and the engines from the trainer's weights."""
         for key, domain in cfg.domains.items():
             await workflow.execute_activity(
-                "env.check", args=[domain.env, f"domains.{key}.env"],
+                Activity.ENV_CHECK, args=[domain.env, f"domains.{key}.env"],
                 task_queue=pool_queue("env", domain.pool), start_to_close_timeout=CHECK_TIMEOUT,
                 retry_policy=RetryPolicy(maximum_attempts=3),
             )
         initial = await workflow.execute_activity(
-            "train.begin_run", workflow.info().workflow_id, result_type=UpdateWeightsRequest,
+            Activity.TRAIN_BEGIN_RUN, workflow.info().workflow_id, result_type=UpdateWeightsRequest,
             task_queue=pool_queue("train", cfg.trainer.pool),
             start_to_close_timeout=UPDATE_TIMEOUT, retry_policy=RETRY,
         )
@@ -239,7 +240,7 @@ class TrainingWorkflow:
                 for result in kept:
                     state.redundant_kept.add(result)
             train = await workflow.execute_activity(
-                "train.step",
+                Activity.TRAIN_STEP,
                 TrainRequest(
                     iteration=state.iteration, version=state.version,
                     store_dir=str(cfg.store_dir), algorithm=algo,
@@ -337,7 +338,7 @@ class TrainingWorkflow:
                             ) -> tuple[list[UpdateWeightsResult], list[str]]:
         outcomes = await asyncio.gather(*(
             workflow.execute_activity(
-                "gen.update_weights", request, result_type=UpdateWeightsResult,
+                Activity.GEN_UPDATE_WEIGHTS, request, result_type=UpdateWeightsResult,
                 task_queue=admin_queue(queue),
                 schedule_to_start_timeout=pickup or timedelta(
                     seconds=cfg.routing.schedule_to_start_s),

@@ -22,6 +22,8 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from rollart.contracts import (
+    CONTEXT_FULL,
+    Activity,
     GenerateRequest,
     GenerateResult,
     ReplicaMetrics,
@@ -31,7 +33,6 @@ from rollart.contracts import (
 from rollart.policy.engine import PolicyEngine
 from rollart.store import StoreOpener, TurnRecord
 from rollart.weights import Puller, PullStats
-from rollart.workflows.trajectory import CONTEXT_FULL
 
 T = TypeVar("T")
 
@@ -129,7 +130,7 @@ class GenerateActivities:
         self.contexts = contexts or ContextCache()
         self.meter = ReplicaMeter(engine.config.max_num_seqs)
 
-    @activity.defn(name="gen.generate")
+    @activity.defn(name=Activity.GEN_GENERATE)
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Heartbeats from start to end: a store read or write waiting for a thread, or a
         request waiting for an engine slot, is busy, not dead."""
@@ -178,12 +179,12 @@ class GenerateActivities:
             request_id=request_id,
         )
 
-    @activity.defn(name="gen.ping")
+    @activity.defn(name=Activity.GEN_PING)
     async def ping(self) -> str:
         """Answered on the replica's admin queue, whatever its generate slots are doing."""
         return self.replica
 
-    @activity.defn(name="gen.update_weights")
+    @activity.defn(name=Activity.GEN_UPDATE_WEIGHTS)
     async def update_weights(self, request: UpdateWeightsRequest) -> UpdateWeightsResult:
         """Pull the version while this replica keeps generating with the old one, then suspend
         only to load it."""

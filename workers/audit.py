@@ -7,7 +7,7 @@ from __future__ import annotations
 from temporalio.api.enums.v1 import EventType
 from temporalio.client import Client
 
-from rollart.contracts import TrainRequest
+from rollart.contracts import Activity, TrainRequest
 
 
 async def trained_ids_by_iteration(client: Client, workflow_id: str) -> dict[int, list[str]]:
@@ -18,7 +18,7 @@ async def trained_ids_by_iteration(client: Client, workflow_id: str) -> dict[int
             if event.event_type != EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
                 continue
             attrs = event.activity_task_scheduled_event_attributes
-            if attrs.activity_type.name != "train.step":
+            if attrs.activity_type.name != Activity.TRAIN_STEP:
                 continue
             [request] = await client.data_converter.decode(attrs.input.payloads, [TrainRequest])
             batches[request.iteration] = [s.trajectory_id for s in request.samples]

@@ -9,9 +9,8 @@ import asyncio
 from temporalio import workflow
 
 with workflow.unsafe.imports_passed_through():
-    from rollart.contracts import GenerateResult, TrajectoryResult, TrajectorySpec
+    from rollart.contracts import CONTEXT_FULL, GenerateResult, TrajectoryResult, TrajectorySpec
     from rollart.workflows.trajectory import (
-        CONTEXT_FULL,
         close_env,
         generate_turn,
         reset_env,

@@ -13,7 +13,8 @@ import time
 
 from temporalio import activity
 
-from rollart.workflows.routing import ReleaseRequest, ReplicaTable, RouteDecision, RouteRequest
+from rollart.activities.routing import ReplicaTable
+from rollart.contracts import Activity, ReleaseRequest, RouteDecision, RouteRequest
 
 log = logging.getLogger("rollart.router")
 
@@ -23,7 +24,7 @@ class RouterActivities:
         self.table = table or ReplicaTable()
         self.falling_back: set[str] = set()
 
-    @activity.defn(name="gen.route")
+    @activity.defn(name=Activity.GEN_ROUTE)
     async def route(self, request: RouteRequest) -> RouteDecision:
         decision = self.table.route(request, time.monotonic())
         primary = request.pools[0][0]
@@ -36,7 +37,7 @@ class RouterActivities:
             log.warning("gen pool %r is back: routing to it again", primary)
         return decision
 
-    @activity.defn(name="gen.release")
+    @activity.defn(name=Activity.GEN_RELEASE)
     async def release(self, request: ReleaseRequest) -> None:
         self.table.release(request.request_id, request.outcome, time.monotonic(),
                            request.down_s)

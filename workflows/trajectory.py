@@ -25,20 +25,24 @@ from temporalio.exceptions import (
 
 with workflow.unsafe.imports_passed_through():
     from rollart.contracts import (
+        CONTEXT_FULL,
+        Activity,
         EnvResetRequest,
         EnvResetResult,
         EnvStepRequest,
         EnvStepResult,
         GenerateRequest,
         GenerateResult,
+        ReleaseRequest,
         RewardRequest,
         RewardResult,
+        RouteDecision,
+        RouteRequest,
         TrajectoryResult,
         TrajectorySpec,
     )
     from rollart.queues import admin_queue
     from rollart.search_attributes import FAILED_IN, RUN
-    from rollart.workflows.routing import ReleaseRequest, RouteDecision, RouteRequest
 
 GENERATE_TIMEOUT = timedelta(seconds=120)
 GENERATE_HEARTBEAT = timedelta(seconds=10)
@@ -51,7 +55,6 @@ ONLY_REPLICA_PICKUP = timedelta(minutes=10)
 MAX_PICKUP = timedelta(minutes=10)
 PING_TIMEOUT = timedelta(seconds=10)
 ROUTE_TIMEOUT = timedelta(seconds=10)
-CONTEXT_FULL = "context_full"
 PING_BEFORE_MARKING_DOWN = "ping-before-marking-down"
 DONE_SIGNAL = "trajectory_done"
 
@@ -64,7 +67,7 @@ def _env_retry(spec: TrajectorySpec) -> RetryPolicy:
 
 async def reset_env(spec: TrajectorySpec) -> EnvResetResult:
     return await workflow.execute_activity(
-        "env.reset",
+        Activity.ENV_RESET,
         EnvResetRequest(trajectory_id=spec.trajectory_id, env_name=spec.env_name,
                         env_kwargs=spec.env_kwargs, seed=spec.seed, faults=spec.faults,
                         max_observation_chars=spec.max_observation_chars),
@@ -91,7 +94,7 @@ async def generate_turn(spec: TrajectorySpec, turn: int, observation: str,
     for send in range(1, GENERATE_SENDS + 1):
         request_id = f"{spec.trajectory_id}.{turn}.{send}"
         decision = await workflow.execute_local_activity(
-            "gen.route",
+            Activity.GEN_ROUTE,
             RouteRequest(request_id=request_id, trajectory_id=spec.trajectory_id,
                          group_id=spec.group_id, context_tokens=context_tokens,
                          pools=spec.gen_pools, routing=spec.routing),
@@ -104,7 +107,8 @@ async def generate_turn(spec: TrajectorySpec, turn: int, observation: str,
             answer_length=reset.answer_length)
         try:
             result = await workflow.execute_activity(
-                "gen.generate", request, result_type=GenerateResult, task_queue=decision.queue,
+                Activity.GEN_GENERATE, request, result_type=GenerateResult,
+                task_queue=decision.queue,
                 schedule_to_start_timeout=pickup, start_to_close_timeout=GENERATE_TIMEOUT,
                 heartbeat_timeout=GENERATE_HEARTBEAT, retry_policy=RetryPolicy(maximum_attempts=1),
             )
@@ -137,7 +141,7 @@ async def _answers_ping(queue: str, pickup_s: float) -> bool:
     timeout = min(PING_TIMEOUT, timedelta(seconds=pickup_s))
     try:
         await workflow.execute_activity(
-            "gen.ping", task_queue=admin_queue(queue), schedule_to_start_timeout=timeout,
+            Activity.GEN_PING, task_queue=admin_queue(queue), schedule_to_start_timeout=timeout,
             start_to_close_timeout=timeout, retry_policy=RetryPolicy(maximum_attempts=1))
     except ActivityError as err:
         if is_cancelled_exception(err):
@@ -163,7 +167,7 @@ def _non_retryable(err: ActivityError) -> bool:
 async def _release(spec: TrajectorySpec, request_id: str, outcome: str) -> None:
     try:
         await workflow.execute_local_activity(
-            "gen.release", ReleaseRequest(request_id=request_id, outcome=outcome,
+            Activity.GEN_RELEASE, ReleaseRequest(request_id=request_id, outcome=outcome,
                                           down_s=spec.routing.down_s),
             start_to_close_timeout=ROUTE_TIMEOUT)
     except (ActivityError, asyncio.CancelledError):  # bookkeeping only: never fail a turn on it
@@ -172,7 +176,7 @@ async def _release(spec: TrajectorySpec, request_id: str, outcome: str) -> None:
 
 async def step_env(spec: TrajectorySpec, worker_queue: str, action: str) -> EnvStepResult:
     return await workflow.execute_activity(
-        "env.step",
+        Activity.ENV_STEP,
         EnvStepRequest(trajectory_id=spec.trajectory_id, action=action, faults=spec.faults,
                        max_observation_chars=spec.max_observation_chars),
         result_type=EnvStepResult, task_queue=worker_queue,
@@ -184,7 +188,7 @@ async def step_env(spec: TrajectorySpec, worker_queue: str, action: str) -> EnvS
 
 async def close_env(spec: TrajectorySpec, worker_queue: str) -> None:
     await workflow.execute_activity(
-        "env.close", spec.trajectory_id, task_queue=worker_queue,
+        Activity.ENV_CLOSE, spec.trajectory_id, task_queue=worker_queue,
         schedule_to_start_timeout=timedelta(seconds=spec.env_timeouts.pickup_s),
         start_to_close_timeout=timedelta(seconds=spec.env_timeouts.step_s),
         retry_policy=_env_retry(spec),
@@ -194,7 +198,7 @@ async def close_env(spec: TrajectorySpec, worker_queue: str) -> None:
 async def score(spec: TrajectorySpec, rewards: list[float],
                 info: dict[str, object]) -> RewardResult:
     return await workflow.execute_activity(
-        "reward.compute",
+        Activity.REWARD_COMPUTE,
         RewardRequest(trajectory_id=spec.trajectory_id, env_name=spec.env_name,
                       env_rewards=rewards, final_info=info),
         result_type=RewardResult, task_queue=spec.reward_queue,
