@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import statistics
 import tempfile
 import time
 from pathlib import Path
@@ -48,33 +49,39 @@ LATENCY = {"step_median_s": 0.05, "step_sigma": 1.0, "slow_reset_share": 0.1,
 console = Console()
 
 
-
-async def run_mode(client, base: dict, name: str, overrides: dict) -> dict:
-    config = load_config(None, **{**base, **overrides,
-                                  "run_dir": str(Path(base["run_dir"]) / name)})
+async def run_mode(client, base: dict, name: str, overrides: dict, seed: int) -> dict:
+    config = load_config(None, **{**base, **overrides, "model.seed": seed,
+                                  "run_dir": str(Path(base["run_dir"]) / f"{name}-s{seed}")})
     started = time.perf_counter()
     handle = await client.start_workflow(
-        TrainingWorkflow.run, TrainingInput(config=config), id=f"bench-{name}",
+        TrainingWorkflow.run, TrainingInput(config=config), id=f"bench-{name}-s{seed}",
         task_queue=config.temporal.control_queue, result_type=TrainingStatus)
     launched = (await handle.describe()).start_time
     status = await handle.result()
     wall = time.perf_counter() - started
-    hit = next((m for m in status.history
-                if m.success_rate >= config.algorithm.stop_at_success), None)
+    target = config.algorithm.stop_at_success
+    hit = next((m for m in status.history if m.success_rate >= target), None)
+    history = status.history
     return {
+        "seed": seed,
         "wall_s": wall,
         "iterations": status.iteration,
         "trained": status.ledger.trained,
         "evicted": status.ledger.evicted,
+        "failed": status.ledger.failed,
         "trajectories_per_s": status.ledger.trained / wall,
-        "tokens_per_s": sum(m.generated_tokens for m in status.history) / wall,
+        "tokens_per_s": sum(m.generated_tokens for m in history) / wall,
         "time_to_score_s": (hit.ended_at - launched).total_seconds() if hit else None,
-        "final_success": status.history[-1].success_rate,
-        "trainer_idle_share": sum(m.trainer_idle_s for m in status.history)
-        / max(sum(m.step_s for m in status.history), 1e-9),
-        "lag_mean": sum(m.lag_mean for m in status.history) / len(status.history),
-        "stale_token_share": sum(m.stale_token_share for m in status.history)
-        / len(status.history),
+        "final_success": history[-1].success_rate,
+        "trainer_idle_share": sum(m.trainer_idle_s for m in history)
+        / max(sum(m.step_s for m in history), 1e-9),
+        "lag_mean": sum(m.lag_mean for m in history) / len(history),
+        "stale_token_share": sum(m.stale_token_share for m in history) / len(history),
+        "curve": [{"iteration": m.iteration, "elapsed_s": (m.ended_at - launched).total_seconds(),
+                   "success": m.success_rate,
+                   "domains": {d: v.success_rate for d, v in m.domains.items()},
+                   "stale_token_share": m.stale_token_share,
+                   **(m.learning.model_dump() if m.learning else {})} for m in history],
     }
 
 
@@ -121,21 +128,25 @@ async def main(args: argparse.Namespace) -> dict:
             "algorithm.group_size": 8, "algorithm.batch_size": args.batch,
             "algorithm.iterations": args.max_iterations,
             "algorithm.stop_at_success": args.target, "domains.frozenlake.faults": LATENCY,
-            "weights.backend": "local", **(SMOKE if args.smoke else {})}
+            "weights.backend": "local", **(SMOKE if args.smoke else {}),
+            **dict(item.split("=", 1) for item in args.set)}
     sizes = ((SMOKE_TRAJECTORIES, SMOKE_TURNS) if args.smoke
              else (SCHEDULING_TRAJECTORIES, SCHEDULING_TURNS))
-    results = {}
+    seeds = range(1 if args.smoke else args.seeds)
+    modes = [(n, o) for n, o in MODES if n in args.modes]
+    results: dict = {"modes": {}, "multitask": {}}
     try:
         async with in_process_fleet(load_config(None, **base), engine) as client:
-            results["scheduling"] = await scheduling(client, base, *sizes)
-            if args.scheduling_only:
-                return results
+            if not args.no_scheduling:
+                results["scheduling"] = await scheduling(client, base, *sizes)
             with Progress(console=console) as progress:
-                task = progress.add_task("modes", total=len(MODES))
-                for name, overrides in MODES:
-                    progress.update(task, description=f"training ({name})")
-                    results[name] = await run_mode(client, base, name, overrides)
-                    progress.advance(task)
+                task = progress.add_task("runs", total=len(modes) * len(seeds))
+                for seed in seeds:
+                    for name, overrides in modes:
+                        progress.update(task, description=f"training ({name}, seed {seed})")
+                        run = await run_mode(client, base, name, overrides, seed)
+                        results["modes"].setdefault(name, []).append(run)
+                        progress.advance(task)
     finally:
         engine.shutdown()
         server.stop()
@@ -157,35 +168,62 @@ def scheduling_lines(sched: dict) -> list[str]:
     return lines
 
 
-def report(results: dict, args: argparse.Namespace) -> None:
-    sched = results.pop("scheduling")
-    console.print({label: round(r["ratio"], 2) for label, r in sched.items()})
-    if args.scheduling_only and args.smoke:
-        return
-    if args.scheduling_only:  # keep the training comparison from the last full run
-        here = Path(__file__).parent
-        out = here / "results" / "async_vs_sync.json"
-        summary = json.loads(out.read_text())
-        summary["traj_vs_batch_ratio_high_variance"] = sched["high_variance"]["ratio"]
-        summary["traj_vs_batch_ratio_low_variance"] = sched["low_variance"]["ratio"]
-        summary["scheduling"] = sched
-        out.write_text(json.dumps(summary, indent=2) + "\n")
-        markdown = here / "async_vs_sync.md"
-        kept = markdown.read_text().split(SCHEDULING_HEADING)[0].rstrip()
-        markdown.write_text(kept + "\n\n" + "\n".join(scheduling_lines(sched)) + "\n")
-        return
-    sync = results["sync"]
+def spread(values: list[float]) -> dict | None:
+    values = [v for v in values if v is not None]
+    if not values:
+        return None
+    return {"mean": statistics.fmean(values), "min": min(values), "max": max(values),
+            "n": len(values)}
+
+
+def plot(modes: dict, out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (by_time, by_iteration) = plt.subplots(1, 2, figsize=(12, 4.5), sharey=True)
+    colors = dict(zip(modes, plt.rcParams["axes.prop_cycle"].by_key()["color"], strict=False))
+    for name, runs in modes.items():
+        for k, run in enumerate(runs):
+            label = name if k == 0 else None
+            curve = run["curve"]
+            by_time.plot([c["elapsed_s"] / 60 for c in curve], [c["success"] for c in curve],
+                         color=colors[name], alpha=0.8, label=label)
+            by_iteration.plot([c["iteration"] for c in curve], [c["success"] for c in curve],
+                              color=colors[name], alpha=0.8, label=label)
+    by_time.set_xlabel("wall time since launch (min)")
+    by_iteration.set_xlabel("iteration")
+    by_time.set_ylabel("batch success rate")
+    for ax in (by_time, by_iteration):
+        ax.grid(alpha=0.3)
+        ax.set_ylim(-0.02, 1.02)
+    by_iteration.legend()
+    fig.suptitle("FrozenLake with long-tail env latency: every run of every mode")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def summarize(results: dict, args: argparse.Namespace) -> dict:
+    modes = results["modes"]
+
+    def mean_of(name: str, key: str) -> float | None:
+        found = spread([r[key] for r in modes.get(name, [])])
+        return found["mean"] if found else None
 
     def ratio(name: str, key: str, invert: bool = False) -> float | None:
-        a, b = results[name][key], sync[key]
-        if a is None or b is None:
+        a, b = mean_of(name, key), mean_of("sync", key)
+        if a is None or b is None or not (a and b):
             return None
         return b / a if invert else a / b
 
     summary = {
-        "traj_vs_batch_ratio_high_variance": sched["high_variance"]["ratio"],
-        "traj_vs_batch_ratio_low_variance": sched["low_variance"]["ratio"],
-        "scheduling": sched,
+        "seeds_reaching_target": {n: sum(r["time_to_score_s"] is not None for r in runs)
+                                  for n, runs in modes.items()},
+        "final_success": {n: [r["final_success"] for r in runs] for n, runs in modes.items()},
+        "time_to_score_s": {n: spread([r["time_to_score_s"] for r in runs])
+                            for n, runs in modes.items()},
         "throughput_ratio_async1_vs_sync": ratio("async1", "trajectories_per_s"),
         "tts_ratio_async1_vs_sync": ratio("async1", "time_to_score_s", invert=True),
         "throughput_ratio_async2_vs_sync": ratio("async2", "trajectories_per_s"),
@@ -193,12 +231,24 @@ def report(results: dict, args: argparse.Namespace) -> None:
         "tts_ratio_one_off_vs_sync": ratio("one_off", "time_to_score_s", invert=True),
         "tts_ratio_async2_vs_sync": ratio("async2", "time_to_score_s", invert=True),
         "setup": {"batch_size": args.batch, "group_size": 8, "target": args.target,
-                  "max_iterations": args.max_iterations, "latency": LATENCY},
-        "modes": results,
+                  "max_iterations": args.max_iterations, "latency": LATENCY,
+                  "seeds": args.seeds, "overrides": dict(item.split("=", 1) for item in args.set)},
+        "modes": modes,
     }
-    table = Table(title="async vs sync, FrozenLake with long-tail env latency")
-    columns = ["mode", "traj/s", "x sync", "tok/s", "time to score s", "x sync", "iters",
-               "evicted", "idle share", "lag mean"]
+    if "scheduling" in results:
+        sched = results["scheduling"]
+        summary["traj_vs_batch_ratio_high_variance"] = sched["high_variance"]["ratio"]
+        summary["traj_vs_batch_ratio_low_variance"] = sched["low_variance"]["ratio"]
+        summary["scheduling"] = sched
+    return summary
+
+
+def report(results: dict, args: argparse.Namespace) -> None:
+    summary = summarize(results, args)
+    modes = summary["modes"]
+    columns = ["mode", "runs at target", "time to score s (mean, min-max)", "x sync",
+               "final success", "traj/s", "x sync", "stale tok", "evicted", "idle share"]
+    table = Table(title="async vs sync, FrozenLake with long-tail env latency (learning)")
     for column in columns:
         table.add_column(column, justify="right")
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
@@ -206,29 +256,51 @@ def report(results: dict, args: argparse.Namespace) -> None:
     def fmt(value, spec=".2f"):
         return "-" if value is None else format(value, spec)
 
-    for name, r in results.items():
-        row = [name, fmt(r["trajectories_per_s"]), fmt(ratio(name, "trajectories_per_s")),
-               fmt(r["tokens_per_s"], ".1f"), fmt(r["time_to_score_s"], ".0f"),
-               fmt(ratio(name, "time_to_score_s", invert=True)), str(r["iterations"]),
-               str(r["evicted"]), fmt(r["trainer_idle_share"]), fmt(r["lag_mean"])]
+    sync_tts = summary["time_to_score_s"].get("sync")
+    sync_rate = spread([r["trajectories_per_s"] for r in modes.get("sync", [])])
+    for name, runs in modes.items():
+        tts = summary["time_to_score_s"][name]
+        rate = spread([r["trajectories_per_s"] for r in runs])
+        row = [name, f"{summary['seeds_reaching_target'][name]} of {len(runs)}",
+               "-" if tts is None else f"{tts['mean']:.0f} ({tts['min']:.0f}-{tts['max']:.0f})",
+               fmt(sync_tts["mean"] / tts["mean"] if tts and sync_tts else None),
+               " ".join(f"{r['final_success']:.2f}" for r in runs), fmt(rate["mean"]),
+               fmt(rate["mean"] / sync_rate["mean"] if sync_rate else None),
+               fmt(statistics.fmean(r["stale_token_share"] for r in runs)),
+               str(sum(r["evicted"] for r in runs)),
+               fmt(statistics.fmean(r["trainer_idle_share"] for r in runs))]
         table.add_row(*row)
         lines.append("| " + " | ".join(row) + " |")
     console.print(table)
-    if args.smoke:
+    if args.out:
+        Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
+    if args.smoke or args.out:
         return
+    here = Path(__file__).parent
+    plot(modes, here / "results" / "async_vs_sync.png")
+    sched = results.get("scheduling")
     save("async_vs_sync", summary, "Async vs sync",
          f".venv/bin/python benchmarks/async_vs_sync.py --target {args.target} "
-         f"--max-iterations {args.max_iterations} --batch {args.batch}",
-         [f"Env latency: {LATENCY}.", "", *lines, "", *scheduling_lines(sched)])
+         f"--max-iterations {args.max_iterations} --batch {args.batch} --seeds {args.seeds}",
+         [f"Env latency: {LATENCY}. Learning figures: the tiny model on the real engine and "
+          f"trainer, {args.seeds} runs per mode (seeds 0-{args.seeds - 1}); time to score is "
+          "the mean over the runs that reached the target. Curves: "
+          "`results/async_vs_sync.png`.", "", *lines,
+          *(["", *scheduling_lines(sched)] if sched else [])])
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser()
     parser.add_argument("--target", type=float, default=0.8)
     parser.add_argument("--max-iterations", type=int, default=30)
-    parser.add_argument("--batch", type=int, default=32)
-    parser.add_argument("--scheduling-only", action="store_true",
-                        help="only trajectory- vs batch-level scheduling; merged into the JSON")
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--seeds", type=int, default=3, help="runs per mode")
+    parser.add_argument("--modes", nargs="+", default=[n for n, _ in MODES])
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="a config override for every run (experiments)")
+    parser.add_argument("--no-scheduling", action="store_true",
+                        help="skip the trajectory- vs batch-level scheduling comparison")
+    parser.add_argument("--out", help="write the summary here instead of results/ (experiments)")
     parser.add_argument("--smoke", action="store_true",
                         help="the smallest run of every code path (CI), nothing written")
     arguments = parser.parse_args()

@@ -152,6 +152,11 @@ class AlgorithmConfig(StrictModel):
     tis_cap: float | None = Field(
         2.0, gt=0, description="Truncated importance sampling: cap on pi_old / pi_behaviour."
     )
+    entropy_coef: float = Field(
+        0.0, ge=0, description="Weight of an entropy bonus (mean entropy per sampled token).")
+    target_kl: float | None = Field(
+        0.05, gt=0, description="Trust region: a step that moves the policy further than this "
+        "KL (pre-step to post-step, on the batch's tokens) is pulled back along its direction.")
     sequence_mask_threshold: float | None = Field(
         None, gt=0, description="Drop a sequence whose mean |log(pi_old / pi_behaviour)| exceeds "
         "this (sequence-level mask); None keeps all."

@@ -229,6 +229,26 @@ class TrainRequest(BaseModel):
     temperature: float
 
 
+class LearningStats(BaseModel):
+    """What one train step saw and did to the policy: the figures that tell a collapse from bad
+    luck. Ratios are pi_old / pi_behaviour on sampled tokens (old: the trainer before the step);
+    a group is stale when some of its tokens were sampled by an older version than that."""
+
+    step_kl: float = Field(description="k3 estimate of KL(pre-step || post-step) on the batch.")
+    step_kept: float = Field(1.0, description="Share of the optimizer's step kept (trust region).")
+    grad_norm: float
+    entropy: float = Field(description="Mean entropy per sampled token, pre-step policy.")
+    ratio_p05: float
+    ratio_p50: float
+    ratio_p95: float
+    truncated_share: float = Field(description="Sampled tokens whose ratio exceeds tis_cap.")
+    low_weight_share: float = Field(description="Sampled tokens whose ratio is below 0.5.")
+    fresh_groups: int
+    stale_groups: int
+    fresh_groups_with_signal: int = Field(description="Groups whose rewards differ.")
+    stale_groups_with_signal: int
+
+
 class TrainResult(BaseModel):
     version: int
     weights_prefix: str = Field("", description="Where the new version was published.")
@@ -247,6 +267,7 @@ class TrainResult(BaseModel):
     masked_sequences: int = 0
     stale_token_share: float = Field(0.0, description="Tokens sampled by an older version.")
     mixed_version_sequences: int = 0
+    learning: LearningStats | None = None
     seconds: float
 
 
@@ -325,6 +346,7 @@ class IterationMetrics(BaseModel):
     ratio_mean: float = 0.0
     ratio_max: float = 0.0
     kl_estimate: float = 0.0
+    learning: LearningStats | None = None
     domains: dict[str, DomainMetrics] = Field(default_factory=dict)
     replicas: dict[str, ReplicaMetrics] = Field(
         default_factory=dict, description="Per replica queue, since the previous update.")

@@ -6,8 +6,10 @@ import torch
 from rollart.policy.grpo import (
     Scored,
     clipped_policy_loss,
+    entropy,
     group_advantages,
     off_policy_correction,
+    sampling_log_distribution,
     token_logprobs,
 )
 
@@ -90,3 +92,13 @@ def test_correction_weights_scale_the_gradient():
     clipped_policy_loss(logprobs, torch.zeros(1, 2), torch.tensor([[1.0]]), mask, 0.2,
                         weights=weights).loss.backward()
     assert logprobs.grad[0, 0] == pytest.approx(-1.0) and logprobs.grad[0, 1] == 0
+
+
+def test_entropy_is_over_the_allowed_tokens_and_differentiable():
+    logits = torch.zeros(1, 2, 10, requires_grad=True)
+    allowed = torch.zeros(1, 10, dtype=torch.bool)
+    allowed[0, [2, 5, 7]] = True
+    values = entropy(sampling_log_distribution(logits, 1.0, allowed))
+    assert torch.allclose(values, torch.full((1, 2), math.log(3)))
+    values.sum().backward()
+    assert torch.isfinite(logits.grad).all()

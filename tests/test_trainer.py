@@ -1,11 +1,16 @@
+import math
+
 import pytest
 import torch
 from temporalio.exceptions import ApplicationError
 
 from rollart.activities.train import TrainActivities
 from rollart.blobs import LocalBlobs
+from rollart.config import AlgorithmConfig
+from rollart.contracts import TrainSample
+from rollart.envs.frozenlake import ACTIONS
 from rollart.policy.trainer import Trainer, layout
-from rollart.store import TurnRecord
+from rollart.store import TrajectoryStore, TurnRecord
 from rollart.weights import Publisher, Puller
 
 
@@ -76,3 +81,90 @@ def test_a_restarted_trainer_takes_the_running_version_from_the_weight_store(mod
     lost = train_activities(model_path, tmp_path / "empty")
     with pytest.raises(ApplicationError, match="holds no weights of version 7"):
         lost.take_version(7)
+
+
+def stored_group(trainer: Trainer, store: TrajectoryStore, group: str, rewards: list[float],
+                 version: int = 0) -> list[TrainSample]:
+    """One-turn FrozenLake trajectories whose behaviour logprobs are the trainer's own (as if its
+    weights sampled them), each taking a different action."""
+    tokenizer = trainer.tokenizer
+    obs = tokenizer.encode("P F F F | F H F H | F F F H | H F F G")
+    allowed = tokenizer.convert_tokens_to_ids(ACTIONS)
+    samples = []
+    for k, reward in enumerate(rewards):
+        action = allowed[k % len(allowed)]
+        with torch.no_grad():
+            logits = trainer.model(torch.tensor([obs])).logits[0, -1]
+        masked = torch.full_like(logits, float("-inf"))
+        masked[allowed] = logits[allowed]
+        logprob = torch.log_softmax(masked, -1)[action].item()
+        tid = f"{group}.t{k}"
+        store.write_turn(tid, TurnRecord(turn=0, observation_ids=obs, sampled_ids=[action],
+                                         logprobs=[logprob], versions=[version],
+                                         allowed_ids=allowed))
+        samples.append(TrainSample(trajectory_id=tid, group_id=group, reward=reward, turns=1))
+    return samples
+
+
+def test_a_step_reports_what_it_did_to_the_policy(model_path, tmp_path):
+    trainer = Trainer(model_path, learning_rate=1e-2)
+    store = TrajectoryStore(str(tmp_path))
+    algorithm = AlgorithmConfig(group_size=4, batch_size=8, minibatches=1)
+    samples = (stored_group(trainer, store, "signal", [1, 0, 0, 0])
+               + stored_group(trainer, store, "flat", [0, 0, 0, 0]))
+    learning = trainer.train_step(store, samples, algorithm, temperature=1.0).learning
+    assert learning.step_kl > 0
+    assert 0 < learning.entropy <= math.log(len(ACTIONS)) + 1e-6
+    assert learning.ratio_p50 == pytest.approx(1.0, abs=1e-4)  # it sampled them itself
+    assert learning.truncated_share == 0
+    assert (learning.fresh_groups, learning.fresh_groups_with_signal) == (2, 1)
+    assert learning.stale_groups == 0
+
+    # sampled by version 0, trained at version 1: stale
+    again = trainer.train_step(store, samples, algorithm, temperature=1.0).learning
+    assert (again.stale_groups, again.stale_groups_with_signal) == (2, 1)
+    assert again.ratio_p50 != pytest.approx(1.0, abs=1e-4)
+
+
+def test_a_trust_region_pulls_a_large_step_back(model_path, tmp_path):
+    store = TrajectoryStore(str(tmp_path))
+    steps = {}
+    for target in (None, 0.01):
+        trainer = Trainer(model_path, learning_rate=1e-3)
+        samples = stored_group(trainer, store, f"g{target}", [1, 0, 0, 0])
+        algorithm = AlgorithmConfig(group_size=4, batch_size=4, minibatches=1,
+                                    learning_rate=1e-2, target_kl=target)
+        steps[target] = trainer.train_step(store, samples, algorithm, temperature=1.0).learning
+    assert steps[None].step_kl > 0.1 and steps[None].step_kept == 1.0
+    assert steps[0.01].step_kl <= 0.015
+    assert 0 < steps[0.01].step_kept < 1
+
+
+def test_an_entropy_bonus_moves_a_policy_that_has_no_signal(model_path, tmp_path):
+    store = TrajectoryStore(str(tmp_path))
+    for coef, moves in ((0.0, False), (0.1, True)):
+        trainer = Trainer(model_path, learning_rate=1e-2)
+        before = [p.detach().clone() for p in trainer.model.parameters()]
+        samples = stored_group(trainer, store, f"flat{coef}", [0, 0, 0, 0])
+        algorithm = AlgorithmConfig(group_size=4, batch_size=4, minibatches=1,
+                                    entropy_coef=coef)
+        learning = trainer.train_step(store, samples, algorithm, temperature=1.0).learning
+        moved = any(not torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(),
+                                                           strict=True))
+        assert moved == moves
+        assert (learning.step_kl > 0) == moves
+
+
+def test_a_batch_without_signal_leaves_the_weights_as_they_were(model_path, tmp_path):
+    """Adam's momentum would move them on a zero gradient, after any step that had signal."""
+    trainer = Trainer(model_path, learning_rate=1e-3)
+    store = TrajectoryStore(str(tmp_path))
+    algorithm = AlgorithmConfig(group_size=4, batch_size=4, minibatches=1)
+    trainer.train_step(store, stored_group(trainer, store, "signal", [1, 0, 0, 0]), algorithm,
+                       temperature=1.0)
+    before = [p.detach().clone() for p in trainer.model.parameters()]
+    flat = trainer.train_step(store, stored_group(trainer, store, "flat", [0, 0, 0, 0]),
+                              algorithm, temperature=1.0)
+    assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(),
+                                                 strict=True))
+    assert flat.learning.step_kl == 0 and flat.version == 2

@@ -292,7 +292,8 @@ class TrainingWorkflow:
             lag_max=max(lags, default=0), stale_token_share=train.stale_token_share,
             mixed_version_trajectories=sum(r.mixed_versions for r in kept),
             ratio_mean=train.ratio_mean, ratio_max=train.ratio_max,
-            kl_estimate=train.kl_estimate, domains=domain_metrics(kept),
+            kl_estimate=train.kl_estimate, learning=train.learning,
+            domains=domain_metrics(kept),
         )
 
     async def _cancel(self, trajectory_ids: list[str]) -> None:

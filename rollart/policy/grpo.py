@@ -33,18 +33,35 @@ def group_advantages(samples: Sequence[Scored], eps: float = 1e-6) -> dict[str, 
     return advantages
 
 
+def sampling_log_distribution(
+    logits: torch.Tensor,
+    temperature: float,
+    allowed: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Log-probabilities of the distribution the engine samples from: temperature-scaled
+    logits, restricted to `allowed` ([batch, vocab] bool) where decoding was constrained."""
+    scaled = logits.float() / temperature
+    if allowed is not None:
+        scaled = scaled.masked_fill(~allowed[:, None, :], float("-inf"))
+    return torch.log_softmax(scaled, dim=-1)
+
+
 def token_logprobs(
     logits: torch.Tensor,
     targets: torch.Tensor,
     temperature: float,
     allowed: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Log-probability of each target under the sampling distribution: temperature-scaled logits,
-    restricted to `allowed` ([batch, vocab] bool) where decoding was constrained."""
-    scaled = logits.float() / temperature
-    if allowed is not None:
-        scaled = scaled.masked_fill(~allowed[:, None, :], float("-inf"))
-    return torch.log_softmax(scaled, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+    """Log-probability of each target under the sampling distribution."""
+    log_p = sampling_log_distribution(logits, temperature, allowed)
+    return log_p.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
+
+
+def entropy(log_p: torch.Tensor) -> torch.Tensor:
+    """Entropy of each position's distribution (tokens outside a constrained mask hold -inf
+    and contribute nothing)."""
+    finite = torch.where(torch.isfinite(log_p), log_p, torch.zeros_like(log_p))
+    return -(log_p.exp() * finite).sum(-1)
 
 
 @dataclass

@@ -16,14 +16,15 @@ from safetensors.torch import save as save_safetensors
 
 from rollart.blobs import BlobStore
 from rollart.config import AlgorithmConfig
-from rollart.contracts import TrainResult, TrainSample
+from rollart.contracts import LearningStats, TrainResult, TrainSample
 from rollart.policy.grpo import (
     Correction,
     Scored,
     clipped_policy_loss,
+    entropy,
     group_advantages,
     off_policy_correction,
-    token_logprobs,
+    sampling_log_distribution,
 )
 from rollart.store import TrajectoryStore, TurnRecord
 
@@ -68,6 +69,7 @@ class _Batch:
     advantages: torch.Tensor
     allowed: torch.Tensor | None
     old: torch.Tensor | None = None
+    old_entropy: torch.Tensor | None = None
     correction: Correction | None = None
 
 
@@ -120,19 +122,31 @@ class Trainer:
         # policy to it before any update.
         with torch.no_grad():
             for batch in batches:
-                batch.old = self._logprobs(batch, temperature)
+                batch.old, batch.old_entropy = self._logprobs(batch, temperature)
                 batch.correction = off_policy_correction(
                     batch.old, batch.behaviour, batch.mask, algorithm.tis_cap,
                     algorithm.sequence_mask_threshold)
         heartbeat()
+        start = ([p.detach().clone() for p in self.model.parameters()]
+                 if algorithm.target_kl is not None else None)
 
         losses, clip_fractions, tokens, grad_norm = [], [], 0, 0.0
         for batch in batches:
-            stats = clipped_policy_loss(self._logprobs(batch, temperature), batch.old,
-                                        batch.advantages, batch.mask, algorithm.clip_eps,
-                                        weights=batch.correction.weights)
+            if not algorithm.entropy_coef and not bool((batch.advantages != 0).any()):
+                # No gradient: an optimizer step would still move every weight along Adam's
+                # momentum (for ten steps and more after the last evidence), sharpening the
+                # policy on no data at all.
+                losses.append(0.0)
+                clip_fractions.append(0.0)
+                continue
+            logprobs, token_entropy = self._logprobs(batch, temperature)
+            stats = clipped_policy_loss(logprobs, batch.old, batch.advantages, batch.mask,
+                                        algorithm.clip_eps, weights=batch.correction.weights)
+            loss = stats.loss
+            if algorithm.entropy_coef:
+                loss = loss - algorithm.entropy_coef * _masked_mean(token_entropy, batch.mask)
             self.optimizer.zero_grad(set_to_none=True)
-            stats.loss.backward()
+            loss.backward()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                              algorithm.max_grad_norm))
             self.optimizer.step()
@@ -140,6 +154,13 @@ class Trainer:
             clip_fractions.append(stats.clip_fraction)
             tokens += stats.tokens
             heartbeat()
+
+        step_kl, kept = self._step_kl(batches, temperature), 1.0
+        if start is not None:
+            step_kl, kept = self._within_trust_region(batches, temperature, start, step_kl,
+                                                      algorithm.target_kl)
+        learning = learning_stats(batches, groups, self.version, algorithm, step_kl, kept,
+                                  grad_norm)
 
         sequences = [seq for group in groups for seq in group]
         sampled_versions = [[v for v, m in zip(s.versions, s.loss_mask, strict=True) if m]
@@ -167,6 +188,7 @@ class Trainer:
             masked_sequences=sum(b.correction.masked_sequences for b in batches),
             stale_token_share=stale / sampled,
             mixed_version_sequences=sum(len(set(v)) > 1 for v in sampled_versions),
+            learning=learning,
             seconds=time.perf_counter() - started,
         )
 
@@ -192,9 +214,45 @@ class Trainer:
             allowed=allowed,
         )
 
-    def _logprobs(self, batch: _Batch, temperature: float) -> torch.Tensor:
+    def _logprobs(self, batch: _Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each next token's log-probability, and each position's entropy, under the sampling
+        distribution of the current weights."""
         logits = self.model(input_ids=batch.ids, attention_mask=batch.attention).logits[:, :-1]
-        return token_logprobs(logits, batch.ids[:, 1:], temperature, batch.allowed)
+        log_p = sampling_log_distribution(logits, temperature, batch.allowed)
+        return log_p.gather(-1, batch.ids[:, 1:].unsqueeze(-1)).squeeze(-1), entropy(log_p)
+
+    def _within_trust_region(self, batches: list[_Batch], temperature: float,
+                             start: list[torch.Tensor], step_kl: float, target_kl: float,
+                             tries: int = 4) -> tuple[float, float]:
+        """Pull the weights back toward `start` along the step until the step's KL is within
+        1.5x `target_kl`: Adam moves every weight by about the learning rate whatever the
+        evidence, so one group's lucky success can move the policy as far as a batch full of
+        signal. Returns the step's KL and the share of the step kept. (KL grows about with the
+        square of the step, hence the square root; the optimizer's moments are left as they
+        are.)"""
+        kept = 1.0
+        for _ in range(tries):
+            if step_kl <= 1.5 * target_kl:
+                break
+            shrink = max((target_kl / step_kl) ** 0.5, 0.05)
+            kept *= shrink
+            with torch.no_grad():
+                for parameter, before in zip(self.model.parameters(), start, strict=True):
+                    parameter.copy_(before + shrink * (parameter - before))
+            step_kl = self._step_kl(batches, temperature)
+        return step_kl, kept
+
+    def _step_kl(self, batches: list[_Batch], temperature: float) -> float:
+        """How far this step moved the policy: k3 estimate of KL(pre-step || post-step) on the
+        batch's sampled tokens (one more forward pass)."""
+        total, tokens = 0.0, 0.0
+        with torch.no_grad():
+            for batch in batches:
+                new, _ = self._logprobs(batch, temperature)
+                log_ratio = (new - batch.old).masked_fill(~batch.mask, 0.0)
+                total += float(((log_ratio.exp() - 1 - log_ratio) * batch.mask).sum())
+                tokens += float(batch.mask.sum())
+        return total / max(tokens, 1.0)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The weights an engine loads, by checkpoint name (a tied lm_head appears once, as the
@@ -242,3 +300,39 @@ class Trainer:
                     raise KeyError(f"weights of version {version} lack {name}")
                 parameter.copy_(named[name])
         self.version = version
+
+
+def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    return (values * mask).sum() / mask.sum().clamp(min=1)
+
+
+def learning_stats(batches: list[_Batch], groups: list[list[Sequence]], version: int,
+                   algorithm: AlgorithmConfig, step_kl: float, step_kept: float,
+                   grad_norm: float) -> LearningStats:
+    """What a step saw and did, fresh groups (sampled by the pre-step version) apart from stale
+    ones: the figures that tell a collapse from bad luck."""
+    log_ratio = torch.cat([(b.old - b.behaviour)[b.mask] for b in batches])
+    ratio = log_ratio.exp()
+    entropies = torch.cat([b.old_entropy[b.mask] for b in batches])
+    quantiles = torch.tensor([0.05, 0.5, 0.95])
+    ratio_q = torch.quantile(ratio, quantiles).tolist() if ratio.numel() else [0.0] * 3
+    cap = algorithm.tis_cap
+    fresh, stale = [], []
+    for group in groups:
+        sampled = [v for s in group for v, m in zip(s.versions, s.loss_mask, strict=True) if m]
+        (stale if sampled and min(sampled) < version else fresh).append(group)
+
+    def signal(part: list[list[Sequence]]) -> int:
+        return sum(any(s.advantage != 0 for s in g) for g in part)
+
+    return LearningStats(
+        step_kl=step_kl,
+        step_kept=step_kept,
+        grad_norm=grad_norm,
+        entropy=float(entropies.mean()) if entropies.numel() else 0.0,
+        ratio_p05=ratio_q[0], ratio_p50=ratio_q[1], ratio_p95=ratio_q[2],
+        truncated_share=float((ratio > cap).float().mean()) if cap and ratio.numel() else 0.0,
+        low_weight_share=float((ratio < 0.5).float().mean()) if ratio.numel() else 0.0,
+        fresh_groups=len(fresh), stale_groups=len(stale),
+        fresh_groups_with_signal=signal(fresh), stale_groups_with_signal=signal(stale),
+    )
