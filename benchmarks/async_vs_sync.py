@@ -1,17 +1,26 @@
 """Sync vs one-off vs async (alpha 1, 2) training under long-tail environment latency.
 
 Side by side in one process, on one dev server (SQLite) and one vLLM engine: FrozenLake with
-injected latency (lognormal env steps, a share of very slow resets), each mode trained until the
-batch success rate reaches the target or the iteration cap. Throughput is trained trajectories
-(and their sampled tokens) per second of run wall time; time-to-score is the wall time until the
-first batch at the target. Ratios are to sync.
+injected latency (lognormal env steps, a share of very slow resets), each mode trained `--seeds`
+times (independent repeats: the engine's sampling stream and the workflow's random draws differ
+between them; the fleet's trainer and model seed stay 0) until the batch success rate
+reaches the target or the iteration cap. Throughput is trained trajectories (and their sampled
+tokens) per second of run wall time; time-to-score is the wall time until the first batch at the
+target, averaged over the runs that reached it. Ratios are to sync. Every run's curve and
+per-iteration learning figures (step KL, entropy, importance ratios, fresh and stale groups) are
+kept in the JSON; `results/async_vs_sync.png` plots all curves.
+
+`--multitask` (or `--multitask-only`, merged into the recorded JSON) also trains
+examples/multitask.toml and each of its domains alone.
 
 Weights go through local files, as when the results were first measured (before the Mooncake
 store), so a rerun compares with them and needs no mooncake_master.
 
-Run: .venv/bin/python benchmarks/async_vs_sync.py [--target 0.8] [--max-iterations 30] [--smoke]
-(writes results/async_vs_sync.json and async_vs_sync.md beside this file; --smoke: every mode and
-the scheduling comparison at the smallest sizes, nothing written)
+Run: .venv/bin/python benchmarks/async_vs_sync.py [--target 0.8] [--max-iterations 30]
+     [--batch 64] [--seeds 3] [--multitask | --multitask-only] [--smoke]
+(writes results/async_vs_sync.json and async_vs_sync.md beside this file; --smoke: every mode,
+the scheduling comparison and the multitask runs at the smallest sizes, nothing written;
+--out FILE writes the summary there instead, for experiments)
 """
 
 from __future__ import annotations
@@ -22,6 +31,7 @@ import json
 import statistics
 import tempfile
 import time
+import tomllib
 from pathlib import Path
 
 from report import save
@@ -29,7 +39,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from rollart.config import load_config
+from rollart.config import RunConfig, load_config
 from rollart.contracts import TrainingStatus, TrajectorySpec
 from rollart.policy.engine import PolicyEngine
 from rollart.policy.model import resolve_model_path
@@ -50,7 +60,7 @@ console = Console()
 
 
 async def run_mode(client, base: dict, name: str, overrides: dict, seed: int) -> dict:
-    config = load_config(None, **{**base, **overrides, "model.seed": seed,
+    config = load_config(None, **{**base, **overrides,
                                   "run_dir": str(Path(base["run_dir"]) / f"{name}-s{seed}")})
     started = time.perf_counter()
     handle = await client.start_workflow(
@@ -120,6 +130,48 @@ async def scheduling(client, base: dict, trajectories: int, turns: int) -> dict:
     return results
 
 
+MULTITASK = Path(__file__).parent.parent / "examples" / "multitask.toml"
+
+
+def multitask_config(base: dict, name: str, domains: list[str]) -> RunConfig:
+    """examples/multitask.toml as written, trained on `domains` only (the rest dropped)."""
+    data = tomllib.loads(MULTITASK.read_text())
+    data["domains"] = {k: v for k, v in data["domains"].items() if k in domains}
+    data.update(run_dir=str(Path(base["run_dir"]) / name))
+    data.setdefault("temporal", {})["address"] = base["temporal.address"]
+    data.setdefault("weights", {})["backend"] = "local"
+    if "algorithm.iterations" in base:
+        data["algorithm"]["iterations"] = base["algorithm.iterations"]
+    return RunConfig.model_validate(data)
+
+
+async def multitask(engine, base: dict, smoke: bool) -> dict:
+    """Both domains with one policy, and each alone, with the example's settings: success per
+    domain at the start and over the last 3 iterations."""
+    smoke_base = {**base, **({"algorithm.iterations": 2} if smoke else {})}
+    runs = {"both": ["frozenlake", "arithmetic"], "frozenlake": ["frozenlake"],
+            "arithmetic": ["arithmetic"]}
+    results = {}
+    fleet_config = multitask_config(smoke_base, "fleet", runs["both"])
+    async with in_process_fleet(fleet_config, engine) as client:
+        for name, domains in runs.items():
+            config = multitask_config(smoke_base, f"multitask-{name}", domains)
+            if smoke:
+                config.algorithm = config.algorithm.model_copy(update={
+                    "group_size": 4, "batch_size": 16, "minibatches": 1})
+            handle = await client.start_workflow(
+                TrainingWorkflow.run, TrainingInput(config=config), id=f"bench-multitask-{name}",
+                task_queue=config.temporal.control_queue, result_type=TrainingStatus)
+            status = await handle.result()
+            results[name] = {domain: {
+                "initial": status.history[0].domains[domain].success_rate,
+                "final": statistics.fmean(m.domains[domain].success_rate
+                                          for m in status.history[-3:] if domain in m.domains),
+                "curve": [m.domains[domain].success_rate if domain in m.domains else None
+                          for m in status.history]} for domain in domains}
+    return results
+
+
 async def main(args: argparse.Namespace) -> dict:
     work = Path(tempfile.mkdtemp(prefix="rollart-async-"))
     server = DevServer(work / "temporal.db", port=free_port(), ui_port=None).start()
@@ -133,11 +185,11 @@ async def main(args: argparse.Namespace) -> dict:
     sizes = ((SMOKE_TRAJECTORIES, SMOKE_TURNS) if args.smoke
              else (SCHEDULING_TRAJECTORIES, SCHEDULING_TURNS))
     seeds = range(1 if args.smoke else args.seeds)
-    modes = [(n, o) for n, o in MODES if n in args.modes]
+    modes = [] if args.multitask_only else [(n, o) for n, o in MODES if n in args.modes]
     results: dict = {"modes": {}, "multitask": {}}
     try:
         async with in_process_fleet(load_config(None, **base), engine) as client:
-            if not args.no_scheduling:
+            if not args.no_scheduling and not args.multitask_only:
                 results["scheduling"] = await scheduling(client, base, *sizes)
             with Progress(console=console) as progress:
                 task = progress.add_task("runs", total=len(modes) * len(seeds))
@@ -147,6 +199,8 @@ async def main(args: argparse.Namespace) -> dict:
                         run = await run_mode(client, base, name, overrides, seed)
                         results["modes"].setdefault(name, []).append(run)
                         progress.advance(task)
+        if args.multitask or args.multitask_only or args.smoke:
+            results["multitask"] = await multitask(engine, base, args.smoke)
     finally:
         engine.shutdown()
         server.stop()
@@ -235,6 +289,9 @@ def summarize(results: dict, args: argparse.Namespace) -> dict:
                   "seeds": args.seeds, "overrides": dict(item.split("=", 1) for item in args.set)},
         "modes": modes,
     }
+    if results.get("multitask"):
+        summary["multitask_final_success"] = multitask_summary(results["multitask"])
+        summary["multitask"] = results["multitask"]
     if "scheduling" in results:
         sched = results["scheduling"]
         summary["traj_vs_batch_ratio_high_variance"] = sched["high_variance"]["ratio"]
@@ -243,7 +300,46 @@ def summarize(results: dict, args: argparse.Namespace) -> dict:
     return summary
 
 
+MULTITASK_HEADING = "## Two domains, one policy"
+
+
+def multitask_summary(multi: dict) -> dict:
+    return {domain: {"initial": both["initial"], "together": both["final"],
+                     "alone": multi[domain][domain]["final"]}
+            for domain, both in multi["both"].items()}
+
+
+def multitask_lines(multi: dict) -> list[str]:
+    lines = [MULTITASK_HEADING, "",
+             "`examples/multitask.toml` as written (batch 64, 30 iterations, no injected "
+             "latency), both domains with one policy and each domain alone; success is the mean "
+             "over the last 3 iterations (learning figures).", "",
+             "| domain | start (together) | end, together | end, alone |", "|---|---|---|---|"]
+    lines += [f"| {d} | {r['initial']:.2f} | {r['together']:.2f} | {r['alone']:.2f} |"
+              for d, r in multitask_summary(multi).items()]
+    return lines
+
+
+def report_multitask_only(results: dict) -> None:
+    multi = results["multitask"]
+    summary = multitask_summary(multi)
+    console.print(summary)
+    here = Path(__file__).parent
+    out = here / "results" / "async_vs_sync.json"
+    recorded = json.loads(out.read_text())
+    recorded["multitask_final_success"] = summary
+    recorded["multitask"] = multi
+    out.write_text(json.dumps(recorded, indent=2) + "\n")
+    markdown = here / "async_vs_sync.md"
+    kept = markdown.read_text().split(MULTITASK_HEADING)[0].rstrip()
+    markdown.write_text(kept + "\n\n" + "\n".join(multitask_lines(multi)) + "\n")
+
+
 def report(results: dict, args: argparse.Namespace) -> None:
+    if args.multitask_only:
+        if not args.smoke:
+            report_multitask_only(results)
+        return
     summary = summarize(results, args)
     modes = summary["modes"]
     columns = ["mode", "runs at target", "time to score s (mean, min-max)", "x sync",
@@ -286,7 +382,8 @@ def report(results: dict, args: argparse.Namespace) -> None:
           f"trainer, {args.seeds} runs per mode (seeds 0-{args.seeds - 1}); time to score is "
           "the mean over the runs that reached the target. Curves: "
           "`results/async_vs_sync.png`.", "", *lines,
-          *(["", *scheduling_lines(sched)] if sched else [])])
+          *(["", *scheduling_lines(sched)] if sched else []),
+          *(["", *multitask_lines(results["multitask"])] if results.get("multitask") else [])])
 
 
 if __name__ == "__main__":
@@ -300,6 +397,10 @@ if __name__ == "__main__":
                         help="a config override for every run (experiments)")
     parser.add_argument("--no-scheduling", action="store_true",
                         help="skip the trajectory- vs batch-level scheduling comparison")
+    parser.add_argument("--multitask", action="store_true",
+                        help="also train examples/multitask.toml and each of its domains alone")
+    parser.add_argument("--multitask-only", action="store_true",
+                        help="only the multitask comparison; merged into the recorded JSON")
     parser.add_argument("--out", help="write the summary here instead of results/ (experiments)")
     parser.add_argument("--smoke", action="store_true",
                         help="the smallest run of every code path (CI), nothing written")
