@@ -40,6 +40,11 @@ class Sequence:
     allowed_ids: list[int] | None
     advantage: float
 
+    @property
+    def sampled_versions(self) -> list[int]:
+        """The policy version of each sampled (trained) token."""
+        return [v for v, m in zip(self.versions, self.loss_mask, strict=True) if m]
+
 
 def layout(records: list[TurnRecord], advantage: float) -> Sequence:
     """Concatenate turns exactly as the engine saw them; only sampled tokens are trained."""
@@ -130,7 +135,7 @@ class Trainer:
         start = ([p.detach().clone() for p in self.model.parameters()]
                  if algorithm.target_kl is not None else None)
 
-        losses, clip_fractions, tokens, grad_norm = [], [], 0, 0.0
+        losses, clip_fractions, tokens, grad_norm, stepped = [], [], 0, 0.0, False
         for batch in batches:
             if not algorithm.entropy_coef and not bool((batch.advantages != 0).any()):
                 # No gradient: an optimizer step would still move every weight along Adam's
@@ -150,21 +155,20 @@ class Trainer:
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                              algorithm.max_grad_norm))
             self.optimizer.step()
+            stepped = True
             losses.append(float(stats.loss.detach()))
             clip_fractions.append(stats.clip_fraction)
             tokens += stats.tokens
             heartbeat()
 
-        step_kl, kept = self._step_kl(batches, temperature), 1.0
-        if start is not None:
+        step_kl, kept = (self._step_kl(batches, temperature) if stepped else 0.0), 1.0
+        if stepped and start is not None:
             step_kl, kept = self._within_trust_region(batches, temperature, start, step_kl,
                                                       algorithm.target_kl)
-        learning = learning_stats(batches, groups, self.version, algorithm, step_kl, kept,
-                                  grad_norm)
-
-        sequences = [seq for group in groups for seq in group]
-        sampled_versions = [[v for v, m in zip(s.versions, s.loss_mask, strict=True) if m]
-                            for s in sequences]
+        versions_by_group = [[s.sampled_versions for s in group] for group in groups]
+        learning = learning_stats(batches, groups, versions_by_group, self.version, algorithm,
+                                  step_kl, kept, grad_norm)
+        sampled_versions = [v for group in versions_by_group for v in group]
         sampled = max(sum(len(v) for v in sampled_versions), 1)
         stale = sum(v < self.version for versions in sampled_versions for v in versions)
         weight = [b.mask.sum().item() for b in batches]
@@ -306,7 +310,8 @@ def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1)
 
 
-def learning_stats(batches: list[_Batch], groups: list[list[Sequence]], version: int,
+def learning_stats(batches: list[_Batch], groups: list[list[Sequence]],
+                   versions_by_group: list[list[list[int]]], version: int,
                    algorithm: AlgorithmConfig, step_kl: float, step_kept: float,
                    grad_norm: float) -> LearningStats:
     """What a step saw and did, fresh groups (sampled by the pre-step version) apart from stale
@@ -318,9 +323,9 @@ def learning_stats(batches: list[_Batch], groups: list[list[Sequence]], version:
     ratio_q = torch.quantile(ratio, quantiles).tolist() if ratio.numel() else [0.0] * 3
     cap = algorithm.tis_cap
     fresh, stale = [], []
-    for group in groups:
-        sampled = [v for s in group for v, m in zip(s.versions, s.loss_mask, strict=True) if m]
-        (stale if sampled and min(sampled) < version else fresh).append(group)
+    for group, versions in zip(groups, versions_by_group, strict=True):
+        oldest = min((v for sequence in versions for v in sequence), default=version)
+        (stale if oldest < version else fresh).append(group)
 
     def signal(part: list[list[Sequence]]) -> int:
         return sum(any(s.advantage != 0 for s in g) for g in part)
