@@ -51,8 +51,11 @@ class EnvActivities:
 
     @activity.defn(name=Activity.ENV_RESET)
     def reset(self, request: EnvResetRequest) -> EnvResetResult:
-        if random.random() < request.faults.slow_reset_share:
-            time.sleep(request.faults.slow_reset_s)
+        faults = request.faults
+        if random.random() < faults.slow_reset_share:
+            time.sleep(faults.slow_reset_s)
+        if random.random() < faults.reset_failure_rate:
+            raise ApplicationError("injected transient reset failure", type="InjectedFault")
         try:
             env = make_env(request.env_name, **request.env_kwargs)
         except UnknownEnvironmentError as err:
@@ -120,6 +123,8 @@ class EnvActivities:
         faults = request.faults
         if faults.step_median_s > 0:
             time.sleep(random.lognormvariate(math.log(faults.step_median_s), faults.step_sigma))
+        if faults.step_mean_s > 0:
+            time.sleep(max(random.gauss(faults.step_mean_s, faults.step_std_s), 0.0))
         if random.random() < faults.step_failure_rate:
             raise ApplicationError("injected transient env failure", type="InjectedFault")
         if random.random() < faults.step_hang_rate:

@@ -111,23 +111,30 @@ async def scheduling(client, base: dict, trajectories: int, turns: int) -> dict:
         config = load_config(None, **{**base, "domains.frozenlake.faults": latency,
                                       "domains.frozenlake.env": "corridor",
                                       "domains.frozenlake.max_turns": turns})
-        specs = [TrajectorySpec.for_domain(config, "frozenlake", f"sched-{label}-{kind}-{i}",
-                                           "g", seed=i)
-                 for kind in ("traj", "batch") for i in range(trajectories)]
-        queue = config.temporal.control_queue
-        started = time.perf_counter()
-        await asyncio.gather(*(
-            client.execute_workflow(TrajectoryWorkflow.run, spec, id=spec.trajectory_id,
-                                    task_queue=queue)
-            for spec in specs[:trajectories]))
-        trajectory_s = time.perf_counter() - started
-        started = time.perf_counter()
-        await client.execute_workflow(BatchRolloutWorkflow.run, specs[trajectories:],
-                                      id=f"sched-{label}-batch", task_queue=queue)
-        batch_s = time.perf_counter() - started
-        results[label] = {"step_sigma": sigma, "trajectory_level_s": trajectory_s,
-                          "batch_level_s": batch_s, "ratio": batch_s / trajectory_s}
+        results[label] = {"step_sigma": sigma,
+                          **await traj_vs_batch(client, config, f"sched-{label}", trajectories)}
     return results
+
+
+async def traj_vs_batch(client, config: RunConfig, label: str, trajectories: int) -> dict:
+    """The same episodes of config's frozenlake domain, one workflow per trajectory, then all
+    in one BatchRolloutWorkflow; wall seconds of each."""
+    specs = [TrajectorySpec.for_domain(config, "frozenlake", f"{label}-{kind}-{i}", f"g{i}",
+                                       seed=i)
+             for kind in ("traj", "batch") for i in range(trajectories)]
+    queue = config.temporal.control_queue
+    started = time.perf_counter()
+    await asyncio.gather(*(
+        client.execute_workflow(TrajectoryWorkflow.run, spec, id=spec.trajectory_id,
+                                task_queue=queue)
+        for spec in specs[:trajectories]))
+    trajectory_s = time.perf_counter() - started
+    started = time.perf_counter()
+    await client.execute_workflow(BatchRolloutWorkflow.run, specs[trajectories:],
+                                  id=f"{label}-batch", task_queue=queue)
+    batch_s = time.perf_counter() - started
+    return {"trajectory_level_s": trajectory_s, "batch_level_s": batch_s,
+            "ratio": batch_s / trajectory_s}
 
 
 MULTITASK = Path(__file__).parent.parent / "examples" / "multitask.toml"

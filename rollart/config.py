@@ -57,8 +57,13 @@ class InjectedFaults(StrictModel):
     step_sigma: float = Field(1.0, ge=0, description="Lognormal sigma: the tail's weight.")
     slow_reset_share: float = Field(0.0, ge=0, le=1)
     slow_reset_s: float = Field(0.0, ge=0)
+    step_mean_s: float = Field(0.0, ge=0, description="Mean of Gaussian step delays (truncated "
+                               "at 0), RollArt's injected env latency; adds to the lognormal one.")
+    step_std_s: float = Field(0.0, ge=0)
     step_failure_rate: float = Field(0.0, ge=0, le=1, description="Share of step attempts that "
                                      "fail with a transient error before touching the env.")
+    reset_failure_rate: float = Field(0.0, ge=0, le=1, description="Share of reset attempts "
+                                      "that fail with a transient error (after any slow reset).")
     step_hang_rate: float = Field(0.0, ge=0, le=1, description="Share of step attempts that hang "
                                   "for hang_s before touching the env.")
     hang_s: float = Field(3600.0, ge=0)
@@ -137,15 +142,23 @@ class AlgorithmConfig(StrictModel):
     stop_at_success: float | None = Field(
         None, ge=0, le=1, description="End early once a batch's success rate reaches this."
     )
-    mode: Literal["sync", "one_off", "async"] = Field(
-        "async", description="sync: alpha 0, whole batches; one_off: alpha 1, whole batches "
-        "started while the previous one trains; async: groups started continuously, alpha below."
+    mode: Literal["lockstep", "sync", "one_off", "async"] = Field(
+        "async", description="lockstep: sync with batch-level env interaction (every "
+        "trajectory of the batch takes each turn together; the baseline RollArt calls Sync); "
+        "sync: alpha 0, whole batches; one_off: alpha 1, whole batches started while the "
+        "previous one trains; async: groups started continuously, alpha below."
     )
     staleness: int = Field(1, ge=0, description="alpha for mode=async.")
     batch_order: Literal["fifo", "first_complete"] = Field(
         "fifo", description="fifo: a batch is the oldest groups by start order; first_complete: "
         "whichever complete first (faster, but biased toward short episodes)."
     )
+    batch_policy: Literal["blocking", "streaming"] = Field(
+        "blocking", description="blocking: the trainer waits for a full batch; streaming: "
+        "after waiting batch_deadline_s it trains on the complete admissible groups it has, "
+        "if they are at least streaming_min_share of a batch (a smaller step, less idle).")
+    batch_deadline_s: float = Field(5.0, gt=0)
+    streaming_min_share: float = Field(0.5, gt=0, le=1)
     redundancy: int = Field(
         0, ge=0, description="Extra siblings per group; the first group_size to finish form it."
     )
@@ -164,7 +177,7 @@ class AlgorithmConfig(StrictModel):
 
     @property
     def alpha(self) -> int:
-        return {"sync": 0, "one_off": 1}.get(self.mode, self.staleness)
+        return {"lockstep": 0, "sync": 0, "one_off": 1}.get(self.mode, self.staleness)
 
     @property
     def groups_per_batch(self) -> int:
@@ -198,6 +211,86 @@ class TrainerConfig(StrictModel):
         "on a live trainer; it heartbeats after every minibatch.")
     checkpoint_every: int = Field(
         10, ge=0, description="Save model and optimizer every this many versions (0: never).")
+
+
+class Hardware(StrictModel):
+    """One accelerator type, from its public data sheet (dense BF16, HBM bandwidth) and its
+    price relative to the others."""
+
+    dense_tflops: float = Field(gt=0)
+    memory_tb_s: float = Field(gt=0)
+    relative_cost: float = Field(gt=0, description="Price per GPU-hour, relative.")
+
+
+def _default_hardware() -> dict[str, Hardware]:
+    # NVIDIA data sheets: H800 SXM 989 dense BF16 TFLOPS, 3.35 TB/s HBM3 (the H100 SXM's
+    # figures, with NVLink cut); H20 148 TFLOPS, 4.0 TB/s. Cost H20:H800 = 1:2.85 (RollArt).
+    return {"h800": Hardware(dense_tflops=989, memory_tb_s=3.35, relative_cost=2.85),
+            "h20": Hardware(dense_tflops=148, memory_tb_s=4.0, relative_cost=1.0)}
+
+
+class SimulationConfig(StrictModel):
+    """Simulated compute: generation replicas and the trainer spend time by this roofline cost
+    model instead of running a model, while the Temporal server, the workflows, the buffer, the
+    router and the weight path stay real. For system figures that need separate GPU clusters
+    (async vs sync, hardware affinity), which one CPU host cannot provide. A replica's hardware
+    is its pool's `hardware` label (examples/multitask.toml's h800 and h20 are described).
+    Defaults: a Qwen3-8B-sized model."""
+
+    enabled: bool = False
+    time_scale: float = Field(
+        0.1, gt=0, description="Wall seconds per simulated second (applies to compute and weight "
+        "transfer; env latency is configured in wall seconds).")
+    params_b: float = Field(8.0, gt=0, description="Model parameters, billions.")
+    bytes_per_param: float = Field(2.0, gt=0)
+    kv_bytes_per_token: float = Field(
+        147456, gt=0, description="36 layers x 8 KV heads x 128 dims x (K, V) x 2 bytes.")
+    token_scale: float = Field(
+        32, gt=0, description="Simulated tokens per real token of prompts and of single-token "
+        "env actions (a short thought and the action): the tiny tokenizer's words stand for a "
+        "real prompt's tokens.")
+    answer_token_scale: float = Field(
+        512, gt=0, description="Simulated tokens per real token of a free-text answer (any "
+        "output but a single-token action): each digit of an answer stands for a stretch of "
+        "reasoning, as a math domain's long chains of thought.")
+    compute_efficiency: float = Field(0.5, gt=0, le=1, description="Share of peak FLOPS "
+                                      "prefill and batched decode reach.")
+    bandwidth_efficiency: float = Field(0.7, gt=0, le=1, description="Share of peak memory "
+                                        "bandwidth a decode step reaches.")
+    prefill_chunk: int = Field(2048, ge=1, description="Simulated prompt tokens one request "
+                               "prefills per engine step (chunked prefill).")
+    hardware: dict[str, Hardware] = Field(default_factory=_default_hardware)
+    train_hardware: str = "h800"
+    train_gpus: int = Field(
+        1, ge=1, description="Sized so that training is about a quarter of a sync iteration "
+        "of benchmarks/simulated.py (5.6 s of 24.7 s); more GPUs shrink what asynchrony can "
+        "hide.")
+    train_efficiency: float = Field(0.35, gt=0, le=1, description="MFU of the train step "
+                                    "(6 x params FLOPs per trained token).")
+    train_fixed_s: float = Field(20.0, ge=0, description="Per step, whatever its size: the "
+                                 "old policy's logprobs, the optimizer step, gathering weights.")
+    weight_link_gb_s: float = Field(25.0, gt=0, description="Trainer -> weight store -> replica "
+                                    "(200 Gb/s RDMA): push and pull each move the whole model.")
+    weight_load_gb_s: float = Field(20.0, gt=0, description="Host -> GPU while a replica is "
+                                    "suspended (PCIe 5 x16, effective).")
+
+    @model_validator(mode="after")
+    def _check_hardware(self) -> SimulationConfig:
+        if self.train_hardware not in self.hardware:
+            raise ValueError(f"simulation.train_hardware: unknown hardware "
+                             f"{self.train_hardware!r} (declared: {sorted(self.hardware)})")
+        return self
+
+
+class SupervisorConfig(StrictModel):
+    """How `rollart train` and `rollart stack` keep their worker processes up: a worker that
+    exits is started again after a backoff (doubling per recent restart), unless it crash-loops."""
+
+    max_restarts: int = Field(5, ge=0, description="Restarts of one worker within window_s "
+                              "before the run stops (a crash loop).")
+    window_s: float = Field(300.0, gt=0)
+    backoff_s: float = Field(1.0, ge=0, description="Wait before the first restart.")
+    max_backoff_s: float = Field(30.0, ge=0)
 
 
 class StorageConfig(StrictModel):
@@ -289,6 +382,8 @@ class RunConfig(StrictModel):
     trainer: TrainerConfig = Field(default_factory=TrainerConfig)
     pools: list[PoolConfig] = Field(default_factory=default_pools)
     temporal: TemporalConfig = Field(default_factory=TemporalConfig)
+    simulation: SimulationConfig = Field(default_factory=SimulationConfig)
+    supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig)
 
     @model_validator(mode="after")
     def _check_pools(self) -> RunConfig:
@@ -310,6 +405,13 @@ class RunConfig(StrictModel):
                                      f"(declared: {known})")
         if ("train", self.trainer.pool) not in declared:
             raise ValueError(f"trainer.pool: unknown train pool {self.trainer.pool!r}")
+        if self.simulation.enabled:
+            for p in self.pools:
+                if p.role == "gen" and p.hardware not in self.simulation.hardware:
+                    raise ValueError(
+                        f"pools: gen pool {p.name!r} has hardware {p.hardware!r}, which "
+                        f"simulation.hardware does not describe "
+                        f"(declared: {sorted(self.simulation.hardware)})")
         return self
 
     def pool(self, role: Role, name: str) -> PoolConfig:
@@ -359,10 +461,19 @@ def load_config(path: str | Path | None = None, **overrides: object) -> RunConfi
     if path is not None:
         text = Path(path).read_text()
         data = json.loads(text) if str(path).endswith(".json") else tomllib.loads(text)
+    return RunConfig.model_validate(_overridden(data, overrides))
+
+
+def with_overrides(config: RunConfig, **overrides: object) -> RunConfig:
+    """`config` with dotted overrides applied, checked again as a whole."""
+    return RunConfig.model_validate(_overridden(config.model_dump(mode="json"), overrides))
+
+
+def _overridden(data: dict, overrides: dict[str, object]) -> dict:
     for dotted, value in overrides.items():
         node = data
         *parents, leaf = dotted.split(".")
         for key in parents:
             node = node.setdefault(key, {})
         node[leaf] = value
-    return RunConfig.model_validate(data)
+    return data

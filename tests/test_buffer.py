@@ -149,14 +149,14 @@ def test_supply_rule_per_mode():
     # sync: a whole batch, never while training
     assert groups_to_start("sync", 0, 4, outstanding=0, training=False) == 4
     assert groups_to_start("sync", 0, 4, outstanding=0, training=True) == 0
-    # one_off: the next whole batch once the previous one is being trained... after the update
+    # one_off: one batch generating at a time, the next while the previous one trains
     assert groups_to_start("one_off", 1, 4, outstanding=0, training=False) == 4
-    assert groups_to_start("one_off", 1, 4, outstanding=4, training=False) == 4
+    assert groups_to_start("one_off", 1, 4, outstanding=0, training=True) == 4
+    assert groups_to_start("one_off", 1, 4, outstanding=4, training=False) == 0
     assert groups_to_start("one_off", 1, 4, outstanding=4, training=True) == 0
     # a group that failed out of a running batch is replaced, so that batch can still fill
     assert groups_to_start("sync", 0, 4, outstanding=3, training=False) == 1
-    assert groups_to_start("one_off", 1, 4, outstanding=6, training=False) == 2
-    assert groups_to_start("one_off", 1, 4, outstanding=5, training=True) == 0
+    assert groups_to_start("one_off", 1, 4, outstanding=3, training=True) == 1
     # async: group by group, up to alpha + 1 batches (alpha while training)
     assert groups_to_start("async", 2, 4, outstanding=5, training=False) == 7
     assert groups_to_start("async", 2, 4, outstanding=5, training=True) == 3
@@ -185,3 +185,18 @@ def test_fifo_supply_never_starts_a_group_that_must_go_stale(alpha, per_batch, m
                 assert buffer.take(per_batch, version)
         assert buffer.evict_stale(version + 1).cancel == []
     assert buffer.stale_evicted == 0
+
+
+def test_a_partial_take_is_the_ready_groups_oldest_first():
+    buffer = SampleBuffer(alpha=1)
+    for k in range(4):
+        buffer.start_group(f"g{k}", [f"g{k}a", f"g{k}b"], start_version=0, target=2)
+    for k in (1, 3):  # the oldest group (g0) is still running
+        buffer.record(done(f"g{k}a", f"g{k}"))
+        buffer.record(done(f"g{k}b", f"g{k}"))
+    assert buffer.take(4, version=0) == []  # fifo: a full batch waits for g0
+    assert [g.group_id for g in buffer.ready_groups(4, version=0)] == ["g1", "g3"]
+    assert buffer.ready_groups(2, version=2) == []  # too stale
+    taken = buffer.take(4, version=0, partial=True)
+    assert [g.group_id for g in taken] == ["g1", "g3"]
+    assert buffer.ledger.trained == 4 and sorted(buffer.groups) == ["g0", "g2"]

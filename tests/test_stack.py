@@ -43,3 +43,41 @@ def test_cpu_budget_is_per_served_turn(tmp_path):
     assert line.startswith("CPU per turn, start-up included (100 turns, ms): server 20.0, "
                            "control 5.0")
     assert write_cpu_budget({}, metrics, tmp_path / "none.json") == ""
+
+
+def test_a_worker_that_exits_is_restarted_and_a_crash_loop_stops_the_run(tmp_path):
+    import pytest
+
+    from rollart.workers.stack import CrashLoopError
+
+    config = load_config(None, run_dir=str(tmp_path), **{
+        "weights.backend": "local", "supervisor.max_restarts": 2, "supervisor.backoff_s": 1.0,
+        "supervisor.window_s": 60.0})
+    stack = Stack(config, tmp_path / "config.json", start_server=False)
+    stack.commands = {"flaky": [sys.executable, "-c", "import sys; sys.exit(3)"],
+                      "steady": [sys.executable, "-c", "import time; time.sleep(60)"]}
+    stack.logs.mkdir(parents=True)
+    for name in stack.commands:
+        stack.spawn(name)
+    try:
+        stack.processes["flaky"].wait()
+        first = stack.processes["flaky"]
+        stack.supervise(now=100.0)  # exit seen: restart due after the 1 s backoff
+        assert stack.processes["flaky"] is first and stack.restart_count == 1
+        stack.supervise(now=100.5)
+        assert stack.processes["flaky"] is first
+        stack.supervise(now=101.0)  # started again
+        assert stack.processes["flaky"] is not first
+        stack.processes["flaky"].wait()
+        stack.supervise(now=102.0)  # second exit: backoff doubles
+        assert stack.exits[-1]["restart_in_s"] == 2.0
+        stack.supervise(now=104.0)
+        stack.processes["flaky"].wait()
+        with pytest.raises(CrashLoopError, match=r"worker flaky exited with 3 after 2 restarts "
+                                                 r"within 60 s .*flaky\.log"):
+            stack.supervise(now=105.0)
+        assert stack.processes["steady"].poll() is None  # the others were left alone
+        stack.write_supervision(tmp_path / "supervisor.json")
+        assert '"worker_restarts": 2' in (tmp_path / "supervisor.json").read_text()
+    finally:
+        stack.stop()

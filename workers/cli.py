@@ -122,7 +122,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         read_metrics,
         write_cpu_budget,
     )
-    from rollart.workers.stack import Stack
+    from rollart.workers.stack import CrashLoopError, Stack
 
     config = _config(args, fresh_run_dir=True)
     _check_env_name(config)
@@ -142,13 +142,27 @@ def cmd_train(args: argparse.Namespace) -> int:
             client, handle = await _start_workflow(config, workflow_id)
 
             def check() -> None:
-                stack.check_alive()
+                seen = len(stack.exits)
+                try:
+                    stack.supervise()
+                finally:
+                    for exit_ in stack.exits[seen:]:
+                        console.print(f"[yellow]worker {exit_['worker']} exited with "
+                                      f"{exit_['returncode']}; restarting it in "
+                                      f"{exit_['restart_in_s']:.0f} s[/yellow]")
+                    stack.write_supervision(run_dir / "supervisor.json")
                 cpu.update(stack.cpu_seconds())
 
-            return await follow(client, handle, run_dir, check=check)
+            status = await follow(client, handle, run_dir, check=check)
+            restarts.append(stack.restart_count)
+            return status
 
     cpu: dict[str, float] = {}
-    status = asyncio.run(main())
+    restarts: list[int] = []
+    try:
+        status = asyncio.run(main())
+    except CrashLoopError as err:
+        raise SystemExit(f"rollart train stopped: {err}") from None
     (run_dir / "status.json").write_text(status.model_dump_json(indent=2))
     metrics = read_metrics(run_dir)
     curve = plot_curve(metrics, run_dir / "curve.png")
@@ -161,6 +175,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         + f"\ntrajectories: started {ledger.started}, trained {ledger.trained}, "
         f"failed {ledger.failed}, evicted {ledger.evicted}"
         + (f" ({status.readmitted} after a re-run)" if status.readmitted else "")
+        + (f"\nworkers restarted: {restarts[0]} (supervisor.json)" if restarts[0] else "")
         + f"\nrun directory: {run_dir}  (config.json, metrics.jsonl, status.json, "
         f"{'curve.png, ' if curve else ''}cpu.json, weights/, trajectories/, logs/)"
         f"\nWeb UI on this run's histories: rollart ui {run_dir}  then open "
@@ -171,22 +186,25 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 
 def cmd_stack(args: argparse.Namespace) -> int:
-    from rollart.workers.stack import Stack
+    from rollart.workers.stack import CrashLoopError, Stack
 
     config = _config(args)
     _check_env_name(config)
     _stop_on_sigterm()
     config_file = _write_config(config)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     with Stack(config, config_file) as stack:
         print(f"stack up: Temporal {config.temporal.address}, Web UI "
               f"http://127.0.0.1:{config.temporal.ui_port}, config {config_file}; Ctrl-C stops",
               flush=True)
         try:
             while True:
-                stack.check_alive()
+                stack.supervise()
                 time.sleep(1)
         except KeyboardInterrupt:
             pass
+        except CrashLoopError as err:
+            raise SystemExit(f"rollart stack stopped: {err}") from None
     return 0
 
 

@@ -154,9 +154,17 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
         from rollart.weights import Puller
 
         queue = replica_queue("gen", pool, replica)
-        gen_engine = engine or PolicyEngine(
-            resolve_model_path(config.model.path, config.model.seed), config.engine,
-            seed=config.model.seed + replica)
+        model_path = resolve_model_path(config.model.path, config.model.seed)
+        if engine is not None:
+            gen_engine = engine
+        elif config.simulation.enabled:
+            from rollart.simulation.engine import SimulatedEngine
+
+            gen_engine = SimulatedEngine(model_path, config.engine, config.simulation,
+                                         config.pool("gen", pool).hardware,
+                                         seed=config.model.seed + replica)
+        else:
+            gen_engine = PolicyEngine(model_path, config.engine, seed=config.model.seed + replica)
         puller = Puller(*_weight_backends(config, closers, lend=False))
         gen = GenerateActivities(gen_engine, puller, queue, StoreOpener(config.storage))
         if engine is None:
@@ -176,9 +184,14 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
         from rollart.store import StoreOpener
         from rollart.weights import Publisher, Puller
 
-        trainer = Trainer(resolve_model_path(config.model.path, config.model.seed),
-                          config.algorithm.learning_rate, seed=config.model.seed,
-                          threads=config.trainer.threads)
+        model_path = resolve_model_path(config.model.path, config.model.seed)
+        if config.simulation.enabled:
+            from rollart.simulation.trainer import SimulatedTrainer
+
+            trainer = SimulatedTrainer(model_path, config.simulation, seed=config.model.seed)
+        else:
+            trainer = Trainer(model_path, config.algorithm.learning_rate,
+                              seed=config.model.seed, threads=config.trainer.threads)
         backends = _weight_backends(config, closers, lend=True)
         publisher = Publisher(*backends, config.weights_prefix, config.weights.bucket_mib)
         train = TrainActivities(trainer, publisher, Puller(*backends),

@@ -1,9 +1,13 @@
 """The embedded stack for one machine: a dev server, the Mooncake master when weights go through
-Mooncake, and one process per fleet worker."""
+Mooncake, and one process per fleet worker, supervised: a worker that exits is started again
+(the run goes on: a restarted replica loads the newest weights before it serves), unless it
+crash-loops."""
 
 from __future__ import annotations
 
 import contextlib
+import json
+import logging
 import os
 import signal
 import subprocess
@@ -14,6 +18,12 @@ from pathlib import Path
 from rollart.config import RunConfig
 from rollart.weights import MooncakeMaster, backend_choice
 from rollart.workers.devserver import DevServer
+
+log = logging.getLogger("rollart.stack")
+
+
+class CrashLoopError(RuntimeError):
+    """A worker exited more often than the supervisor allows."""
 
 
 def worker_commands(config_file: Path, config: RunConfig) -> dict[str, list[str]]:
@@ -46,6 +56,9 @@ class Stack:
         self.commands = worker_commands(config_file, config)
         self.processes: dict[str, subprocess.Popen] = {}
         self._cpu: dict[int, tuple[str, float]] = {}
+        self.restarts: dict[str, list[float]] = {}  # monotonic times of each worker's restarts
+        self.exits: list[dict] = []  # every unexpected exit, for the run directory
+        self._due: dict[str, float] = {}  # workers waiting out their backoff
 
     def start(self) -> Stack:
         self.logs.mkdir(parents=True, exist_ok=True)
@@ -104,12 +117,44 @@ class Stack:
             totals[label] = totals.get(label, 0.0) + seconds
         return totals
 
-    def check_alive(self) -> None:
+    def supervise(self, now: float | None = None) -> None:
+        """Call now and then (each second): restarts the workers that exited once their backoff
+        has passed; raises CrashLoopError when one exited more than max_restarts times within
+        window_s."""
+        rules = self.config.supervisor
+        now = time.monotonic() if now is None else now
         for name, process in self.processes.items():
-            if process.poll() is not None:
-                tail = (self.logs / f"{name}.log").read_text(errors="replace")[-2000:]
-                raise RuntimeError(f"worker {name} exited with {process.returncode}; "
-                                   f"log {self.logs / (name + '.log')}:\n{tail}")
+            if name in self._due or process.poll() is None:
+                continue
+            with contextlib.suppress(ProcessLookupError):  # its engine processes, if any
+                os.killpg(process.pid, signal.SIGKILL)
+            recent = [t for t in self.restarts.get(name, []) if now - t < rules.window_s]
+            self.restarts[name] = recent
+            log_path = self.logs / f"{name}.log"
+            if len(recent) >= rules.max_restarts:
+                raise CrashLoopError(
+                    f"worker {name} exited with {process.returncode} after {len(recent)} "
+                    f"restarts within {rules.window_s:.0f} s (supervisor.max_restarts); "
+                    f"see {log_path}")
+            wait = min(rules.backoff_s * 2 ** len(recent), rules.max_backoff_s)
+            self._due[name] = now + wait
+            self.exits.append({"worker": name, "returncode": process.returncode,
+                               "restart_in_s": wait, "at": time.time()})
+            log.warning("worker %s exited with %s; restarting it in %.0f s (log %s)", name,
+                        process.returncode, wait, log_path)
+        for name, due in list(self._due.items()):
+            if now >= due:
+                del self._due[name]
+                self.restarts.setdefault(name, []).append(now)
+                self.spawn(name)
+
+    @property
+    def restart_count(self) -> int:
+        return len(self.exits)
+
+    def write_supervision(self, path: Path) -> None:
+        path.write_text(json.dumps({"worker_restarts": self.restart_count,
+                                    "exits": self.exits}, indent=2) + "\n")
 
     def stop(self) -> None:
         for process in self.processes.values():

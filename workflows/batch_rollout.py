@@ -1,16 +1,21 @@
 """BatchRolloutWorkflow: batch-level scheduling, the baseline trajectory-level scheduling is
 measured against. Every trajectory of the batch takes each turn together (generate for all, then
-step all envs), so each turn waits for the slowest environment of the batch."""
+step all envs), so each turn waits for the slowest environment of the batch. Started by a
+TrainingWorkflow (mode lockstep), it reports each trajectory's end to it by signal, as
+TrajectoryWorkflow does; one failing trajectory fails the whole batch, which is what lockstep
+means."""
 
 from __future__ import annotations
 
 import asyncio
 
 from temporalio import workflow
+from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
     from rollart.contracts import CONTEXT_FULL, GenerateResult, TrajectoryResult, TrajectorySpec
     from rollart.workflows.trajectory import (
+        DONE_SIGNAL,
         close_env,
         generate_turn,
         reset_env,
@@ -23,6 +28,30 @@ with workflow.unsafe.imports_passed_through():
 class BatchRolloutWorkflow:
     @workflow.run
     async def run(self, specs: list[TrajectorySpec]) -> list[TrajectoryResult]:
+        try:
+            results = await self._rollout(specs)
+        except ActivityError as err:
+            cause = err.cause.message if err.cause is not None else str(err)
+            message = f"lockstep batch {workflow.info().workflow_id} failed: {cause}"
+            await self._report([TrajectoryResult(
+                trajectory_id=s.trajectory_id, group_id=s.group_id, domain=s.domain,
+                status="failed", start_version=s.start_version, error=message) for s in specs])
+            raise ApplicationError(message, type="BatchFailed", non_retryable=True) from err
+        await self._report(results)
+        return results
+
+    async def _report(self, results: list[TrajectoryResult]) -> None:
+        parent = workflow.info().parent
+        if parent is None:
+            return
+        handle = workflow.get_external_workflow_handle(parent.workflow_id)
+        try:
+            await asyncio.gather(*(handle.signal(DONE_SIGNAL, r) for r in results))
+        except Exception:  # the parent run ended: its ledger no longer waits for these
+            workflow.logger.warning("could not report batch %s to %s",
+                                    workflow.info().workflow_id, parent.workflow_id)
+
+    async def _rollout(self, specs: list[TrajectorySpec]) -> list[TrajectoryResult]:
         resets = await asyncio.gather(*(reset_env(spec) for spec in specs))
         observations = [reset.observation for reset in resets]
         rewards: list[list[float]] = [[] for _ in specs]
@@ -49,6 +78,8 @@ class BatchRolloutWorkflow:
                 results[i].turns += 1
                 previous[i] = gen
                 results[i].generated_tokens += gen.new_tokens
+                results[i].prompt_tokens += gen.prompt_tokens
+                results[i].cached_tokens += gen.cached_tokens
                 results[i].end_version = max(results[i].end_version, gen.version)
                 observations[i], infos[i] = step.observation, step.info
                 rewards[i].append(step.reward)

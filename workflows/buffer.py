@@ -42,8 +42,13 @@ def groups_to_start(mode: str, alpha: int, per_batch: int, outstanding: int,
     started while the trainer trains sees one version more: keeping at most
     per_batch * (alpha + 1) groups outstanding, one batch fewer while training, means nothing
     started is doomed to go stale. sync and one_off start whole batches, and replace groups that
-    failed out of a batch (else that batch could never fill)."""
-    room = per_batch * (alpha + 1 - (1 if training else 0)) - outstanding
+    failed out of a batch (else that batch could never fill). one_off generates one batch at a
+    time, the next while the previous one trains (RollArt's and verl's one-off baseline): with
+    the trainer idle, a second batch would make it async in whole batches."""
+    if mode == "one_off":
+        room = per_batch - outstanding
+    else:
+        room = per_batch * (alpha + 1 - (1 if training else 0)) - outstanding
     if mode == "async" or room <= 0:
         return max(room, 0)
     return per_batch if room >= per_batch else min(room, -outstanding % per_batch)
@@ -154,9 +159,18 @@ class SampleBuffer(BaseModel):
         ready = [g for g in live if g.complete][:count]
         return ready if len(ready) == count else []
 
-    def take(self, count: int, version: int) -> list[Group]:
-        """Hand `count` groups to the trainer (all of them trained) or none if not ready."""
-        taken = self.next_batch(count, version)
+    def ready_groups(self, count: int, version: int) -> list[Group]:
+        """Up to `count` complete admissible groups, oldest first: what a streaming batch
+        takes when its deadline passes."""
+        return sorted((g for g in self.groups.values()
+                       if g.complete and admissible(g.start_version, version, self.alpha)),
+                      key=lambda g: g.order)[:count]
+
+    def take(self, count: int, version: int, partial: bool = False) -> list[Group]:
+        """Hand `count` groups to the trainer (all of them trained) or none if not ready;
+        `partial`: whatever complete admissible groups there are, up to `count`."""
+        taken = (self.ready_groups(count, version) if partial
+                 else self.next_batch(count, version))
         for group in taken:
             del self.groups[group.group_id]
             self.ledger.trained += len(group.completed)

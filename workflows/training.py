@@ -12,6 +12,7 @@ buffer, a ledger, recent metrics) survives continue-as-new while children keep r
 from __future__ import annotations
 
 import asyncio
+import builtins
 from collections import Counter
 from datetime import timedelta
 
@@ -27,7 +28,7 @@ from temporalio.exceptions import (
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
-    from rollart.config import RunConfig
+    from rollart.config import AlgorithmConfig, RunConfig
     from rollart.contracts import (
         Activity,
         DomainMetrics,
@@ -44,6 +45,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from rollart.queues import admin_queue, pool_queue, replica_queue
     from rollart.search_attributes import of_trajectory
+    from rollart.workflows.batch_rollout import BatchRolloutWorkflow
     from rollart.workflows.buffer import Group, SampleBuffer, groups_to_start
     from rollart.workflows.trajectory import DONE_SIGNAL, TrajectoryWorkflow
 
@@ -72,6 +74,8 @@ class TrainingState(BaseModel):
     redundant_ids: list[str] = Field(default_factory=list)
     redundant_kept: RolloutShape = Field(default_factory=RolloutShape)
     redundant_cancelled: RolloutShape = Field(default_factory=RolloutShape)
+    lockstep_batches: list[str] = Field(default_factory=list, description="Batch rollouts "
+                                        "that may still run (mode lockstep).")
     done: bool = False
 
 
@@ -143,7 +147,7 @@ class TrainingWorkflow:
         finally:
             await self._stop_supply(supply)
         state.done = True
-        await self._cancel(state.buffer.evict_all().cancel)
+        await self._cancel(state.buffer.evict_all().cancel + state.lockstep_batches)
         await workflow.wait_condition(workflow.all_handlers_finished)
         return self.status()
 
@@ -183,11 +187,41 @@ class TrainingWorkflow:
             count = self._groups_to_start(cfg)
             self.starting += count
             try:
-                await asyncio.gather(*(self._start_group(cfg) for _ in range(count)))
+                if cfg.algorithm.mode == "lockstep":
+                    await self._start_lockstep(cfg, count)
+                else:
+                    await asyncio.gather(*(self._start_group(cfg) for _ in range(count)))
             finally:
                 self.starting -= count
 
     async def _start_group(self, cfg: RunConfig) -> None:
+        specs, tags = self._new_group(cfg)
+        handles = await asyncio.gather(*(
+            workflow.start_child_workflow(
+                TrajectoryWorkflow.run, spec, id=spec.trajectory_id,
+                task_queue=cfg.temporal.control_queue,
+                parent_close_policy=ParentClosePolicy.ABANDON, search_attributes=tags,
+            )
+            for spec in specs
+        ))
+        for spec, handle in zip(specs, handles, strict=True):
+            asyncio.create_task(self._watch(spec, handle))
+
+    async def _start_lockstep(self, cfg: RunConfig, count: int) -> None:
+        """`count` groups as one BatchRolloutWorkflow: every trajectory takes each turn with
+        the others. It reports each trajectory's end by signal, as a trajectory does."""
+        specs = [spec for _ in range(count) for spec in self._new_group(cfg)[0]]
+        batch_id = f"{specs[0].group_id}.lockstep"
+        self.state.lockstep_batches = (self.state.lockstep_batches + [batch_id])[-4:]
+        handle = await workflow.start_child_workflow(
+            BatchRolloutWorkflow.run, specs, id=batch_id, task_queue=cfg.temporal.control_queue,
+            parent_close_policy=ParentClosePolicy.ABANDON)
+        for spec in specs:
+            asyncio.create_task(self._watch(spec, handle))
+
+    def _new_group(self, cfg: RunConfig) -> tuple[list[TrajectorySpec], object]:
+        """Draw a group's domain and env seed and enter it in the buffer; its members' specs
+        and search attributes."""
         algo, state = cfg.algorithm, self.state
         rng = workflow.random()
         names = list(cfg.domains)
@@ -201,16 +235,7 @@ class TrainingWorkflow:
                  for tid in members]
         tags = (of_trajectory(workflow.info().workflow_id, domain, group_id, state.version)
                 if cfg.temporal.search_attributes else None)
-        handles = await asyncio.gather(*(
-            workflow.start_child_workflow(
-                TrajectoryWorkflow.run, spec, id=spec.trajectory_id,
-                task_queue=cfg.temporal.control_queue,
-                parent_close_policy=ParentClosePolicy.ABANDON, search_attributes=tags,
-            )
-            for spec in specs
-        ))
-        for spec, handle in zip(specs, handles, strict=True):
-            asyncio.create_task(self._watch(spec, handle))
+        return specs, tags
 
     async def _watch(self, spec: TrajectorySpec, handle) -> None:
         """A child that ended without reporting (terminated by hand, or failed while its report
@@ -229,9 +254,7 @@ class TrainingWorkflow:
     async def _iteration(self, cfg: RunConfig) -> IterationMetrics:
         state, algo = self.state, cfg.algorithm
         started = workflow.now()
-        await workflow.wait_condition(
-            lambda: bool(state.buffer.next_batch(algo.groups_per_batch, state.version)))
-        groups = state.buffer.take(algo.groups_per_batch, state.version)
+        groups = await self._get_batch(algo)
         batch_ready = workflow.now()
         self.training = True
         try:
@@ -272,6 +295,27 @@ class TrainingWorkflow:
         metrics.weight_exposed_s = _mean([u.seconds for u in updates])
         metrics.weight_bytes = train.weight_bytes + sum(u.bytes for u in updates)
         return metrics
+
+    async def _get_batch(self, algo: AlgorithmConfig) -> list[Group]:
+        """A full batch; or, streaming, what is ready once the deadline passed (at least the
+        minimum share of a batch)."""
+        state, count = self.state, algo.groups_per_batch
+
+        def full() -> bool:
+            return bool(state.buffer.next_batch(count, state.version))
+
+        if algo.batch_policy == "blocking":
+            await workflow.wait_condition(full)
+            return state.buffer.take(count, state.version)
+        least = max(1, round(algo.streaming_min_share * count))
+        try:
+            await workflow.wait_condition(full, timeout=timedelta(seconds=algo.batch_deadline_s))
+            return state.buffer.take(count, state.version)
+        except builtins.TimeoutError:  # temporalio's TimeoutError is an activity's
+            pass
+        await workflow.wait_condition(
+            lambda: full() or len(state.buffer.ready_groups(count, state.version)) >= least)
+        return state.buffer.take(count, state.version, partial=not full())
 
     def _metrics(self, groups: list[Group], train: TrainResult, lags: Counter, started,
                  batch_ready, trained, updated) -> IterationMetrics:

@@ -1,0 +1,175 @@
+"""Simulated compute: the cost model's arithmetic, the simulated engine's batching, prefix cache
+and weight updates, and whole training runs (every mode, lockstep included) on the real dev
+server with simulated replicas and trainer."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from conftest import make_config
+from pydantic import ValidationError
+from temporalio.exceptions import ApplicationError
+
+from rollart.activities.env import EnvActivities
+from rollart.config import EngineConfig, InjectedFaults, SimulationConfig, load_config
+from rollart.contracts import EnvResetRequest, EnvStepRequest, TrainingStatus
+from rollart.simulation.costs import CostModel, train_cost
+from rollart.simulation.engine import SimulatedEngine
+from rollart.workers.fleet import in_process_fleet
+from rollart.workflows.training import TrainingInput, TrainingWorkflow
+
+SIM = SimulationConfig()
+
+
+def test_decode_is_memory_bound_and_prefill_compute_bound():
+    h800, h20 = (CostModel(SIM, SIM.hardware[k]) for k in ("h800", "h20"))
+    # batch 1: read 16 GB of weights at 70% of 3.35 TB/s
+    assert h800.step_s(1, 0) == pytest.approx(16e9 / (3.35e12 * 0.7))
+    assert h20.step_s(1, 0) < h800.step_s(1, 0)  # more bandwidth
+    # 4k prompt tokens in one step: 2 x 8e9 FLOPs each at 50% of peak
+    assert h800.step_s(4096, 0) == pytest.approx(4096 * 16e9 / (989e12 * 0.5))
+    assert h20.step_s(4096, 0) / h800.step_s(4096, 0) == pytest.approx(989 / 148)
+    # KV cache reads add to a decode step
+    assert h800.step_s(1, 100_000) > h800.step_s(1, 0)
+
+
+def test_train_and_transfer_costs():
+    cost = train_cost(SIM)
+    per_token = 6 * 8e9 / (989e12 * 0.35 * SIM.train_gpus)
+    assert cost.train_s(1e6) == pytest.approx(SIM.train_fixed_s + 1e6 * per_token)
+    assert cost.transfer_s() == pytest.approx(16e9 / 25e9)
+    assert cost.load_s() == pytest.approx(16e9 / 20e9)
+
+
+def test_a_gen_pool_needs_a_described_hardware():
+    with pytest.raises(ValidationError, match="hardware 'cpu', which simulation.hardware"):
+        load_config(None, **{"simulation.enabled": True})
+    with pytest.raises(ValidationError, match="train_hardware: unknown hardware 'TPU'"):
+        SimulationConfig(train_hardware="TPU")
+
+
+async def simulated_engine(model_path, **sim) -> SimulatedEngine:
+    config = SimulationConfig(**{"time_scale": 0.05, "answer_token_scale": 32, **sim})
+    return await SimulatedEngine(model_path, EngineConfig(max_num_seqs=64), config,
+                                 "h800").start()
+
+
+async def test_concurrent_decodes_share_steps(model_path):
+    """Memory-bound decode: 32 requests together take about as long as one alone."""
+    engine = await simulated_engine(model_path)
+    try:
+        allowed = engine.single_token_ids(["Left", "Right"])
+
+        async def one(prompt):
+            return await engine.generate(prompt, max_tokens=4, temperature=1.0,
+                                         allowed_token_ids=allowed, ignore_eos=True)
+
+        started = time.perf_counter()
+        alone = await one([3, 4, 5])
+        single_s = time.perf_counter() - started
+        started = time.perf_counter()
+        together = await asyncio.gather(*(one([3, 4, 5, k]) for k in range(32)))
+        batch_s = time.perf_counter() - started
+        # 4 tokens x 32 (token_scale) decode steps of ~6.8 ms, x 0.05
+        assert 0.03 < single_s < 0.2
+        assert batch_s < 2.5 * single_s
+        assert len(alone.token_ids) == 4 and set(alone.token_ids) <= set(allowed)
+        assert all(s.versions == [0] * 4 for s in together)
+        assert alone.logprobs == [pytest.approx(-0.6931, abs=1e-3)] * 4
+    finally:
+        engine.shutdown()
+
+
+async def test_a_turn_that_stays_hits_the_prefix_cache(model_path):
+    engine = await simulated_engine(model_path)
+    try:
+        context = list(range(3, 30)) * 2  # 54 tokens: three full blocks of 16
+        first = await engine.generate(context, max_tokens=1, temperature=1.0,
+                                      allowed_token_ids=[3])
+        second = await engine.generate(context + first.token_ids + [5, 6], max_tokens=1,
+                                       temperature=1.0, allowed_token_ids=[3])
+        assert first.cached_tokens == 0 and second.cached_tokens == 48
+    finally:
+        engine.shutdown()
+
+
+async def test_an_update_suspends_loads_and_switches_versions_mid_request(model_path):
+    engine = await simulated_engine(model_path, time_scale=0.2)
+    try:
+        request = asyncio.ensure_future(engine.generate(
+            [3, 4], max_tokens=64, temperature=1.0, allowed_token_ids=[3, 4], ignore_eos=True))
+        await asyncio.sleep(0.5)  # decoding: 64 x 32 steps of ~6.8 ms x 0.2 = ~2.8 s
+        suspended = await engine.update_weights(1, [])
+        sample = await request
+        assert suspended == pytest.approx(engine.cost.load_s() * 0.2, rel=0.2)
+        assert engine.version == 1 and sample.versions[0] == 0 and sample.versions[-1] == 1
+    finally:
+        engine.shutdown()
+
+
+def test_gaussian_step_latency_and_reset_failures():
+    envs = EnvActivities("q")
+    failing = InjectedFaults(reset_failure_rate=1.0)
+    with pytest.raises(ApplicationError) as err:
+        envs.reset(EnvResetRequest(trajectory_id="t", env_name="frozenlake", seed=0,
+                                   faults=failing))
+    assert err.value.type == "InjectedFault" and not err.value.non_retryable
+    envs.reset(EnvResetRequest(trajectory_id="t", env_name="frozenlake", seed=0))
+    gaussian = InjectedFaults(step_mean_s=0.2, step_std_s=0.0)
+    started = time.perf_counter()
+    envs.step(EnvStepRequest(trajectory_id="t", action="Down", faults=gaussian))
+    assert 0.2 <= time.perf_counter() - started < 0.5
+
+
+def sim_config(temporal_server, tmp_path, **overrides):
+    return make_config(temporal_server, tmp_path, **{
+        "simulation.enabled": True, "simulation.time_scale": 0.01,
+        "pools": [{"name": "cpu", "role": r} for r in ("env", "reward", "train")]
+        + [{"name": "cpu", "role": "gen", "hardware": "h800", "replicas": 2}],
+        "algorithm.group_size": 4, "algorithm.batch_size": 8, "algorithm.minibatches": 1,
+        "algorithm.iterations": 3, "trainer.checkpoint_every": 0,
+        "domains.frozenlake.faults": {"step_mean_s": 0.05, "step_std_s": 0.05,
+                                      "reset_failure_rate": 0.2},
+        **overrides})
+
+
+@pytest.mark.parametrize("mode", ["lockstep", "sync", "async"])
+async def test_every_mode_trains_on_simulated_compute(temporal_server, tmp_path, mode):
+    config = sim_config(temporal_server, tmp_path, **{"algorithm.mode": mode})
+    async with in_process_fleet(config) as client:
+        status = await client.execute_workflow(
+            TrainingWorkflow.run, TrainingInput(config=config), id=f"sim-{mode}",
+            task_queue=config.temporal.control_queue, result_type=TrainingStatus)
+    ledger = status.ledger
+    assert status.iteration == 3 and status.version == 3 and ledger.failed == 0
+    assert ledger.trained == 24
+    assert ledger.started == ledger.trained + ledger.failed + ledger.evicted
+    assert all(m.train_s > 0 and m.trajectories == 8 for m in status.history)
+    if mode != "async":
+        assert all(m.lag_max == 0 for m in status.history)
+    replicas = {name for m in status.history for name in m.replicas}
+    assert len(replicas) == 2  # every replica took every update
+
+
+async def test_a_streaming_batch_trains_on_what_is_ready_after_its_deadline(temporal_server,
+                                                                             tmp_path):
+    """Groups of a slow domain hold a blocking batch back; a streaming one trains without
+    them once its deadline passes, and every trajectory is still accounted for."""
+    fast = {"env": "frozenlake", "faults": {"step_mean_s": 0.02}}
+    slow = {"env": "frozenlake", "weight": 2.0, "faults": {"slow_reset_share": 1.0,
+                                                            "slow_reset_s": 2.0}}
+    config = sim_config(temporal_server, tmp_path, **{
+        "domains": {"fast": fast, "slow": slow}, "algorithm.mode": "async",
+        "algorithm.iterations": 5, "algorithm.batch_policy": "streaming",
+        "algorithm.batch_deadline_s": 0.3, "algorithm.streaming_min_share": 0.5})
+    async with in_process_fleet(config) as client:
+        status = await client.execute_workflow(
+            TrainingWorkflow.run, TrainingInput(config=config), id="sim-streaming",
+            task_queue=config.temporal.control_queue, result_type=TrainingStatus)
+    ledger = status.ledger
+    assert status.iteration == 5 and ledger.failed == 0
+    assert ledger.started == ledger.trained + ledger.failed + ledger.evicted
+    sizes = [m.trajectories for m in status.history]
+    assert set(sizes) <= {4, 8} and 4 in sizes  # half batches (one group of two) happened
