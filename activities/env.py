@@ -19,6 +19,7 @@ from rollart.contracts import (
     Activity,
     EnvResetRequest,
     EnvResetResult,
+    EnvRestoreRequest,
     EnvStepRequest,
     EnvStepResult,
 )
@@ -56,6 +57,29 @@ class EnvActivities:
             time.sleep(faults.slow_reset_s)
         if random.random() < faults.reset_failure_rate:
             raise ApplicationError("injected transient reset failure", type="InjectedFault")
+        env, observation = self._open(request)
+        return self._hold(request.trajectory_id, env, observation)
+
+    @activity.defn(name=Activity.ENV_RESTORE)
+    def restore(self, request: EnvRestoreRequest) -> EnvResetResult:
+        """The same episode on this worker after its own worker died: reset with its seed and
+        replay its actions, so the next step continues where it was."""
+        env, observation = self._open(request)
+        if not getattr(env, "deterministic", False):
+            raise ApplicationError(f"environment {request.env_name!r} does not declare "
+                                   "deterministic = True: its episode cannot be rebuilt",
+                                   type="NotRestorable", non_retryable=True)
+        for turn, action in enumerate(request.actions):
+            result = env.step(action)
+            if result.terminated or result.truncated:
+                raise ApplicationError(
+                    f"replaying {request.trajectory_id}: the episode ended at turn {turn} of "
+                    f"{len(request.actions)} (the env is not deterministic after all)",
+                    type="NotRestorable", non_retryable=True)
+            observation = result.observation
+        return self._hold(request.trajectory_id, env, observation)
+
+    def _open(self, request: EnvResetRequest) -> tuple[Env, str]:
         try:
             env = make_env(request.env_name, **request.env_kwargs)
         except UnknownEnvironmentError as err:
@@ -65,14 +89,18 @@ class EnvActivities:
                                    non_retryable=True) from err
         observation, _ = env.reset(request.seed)
         _check_size(observation, request.max_observation_chars, "reset")
+        return env, observation
+
+    def _hold(self, trajectory_id: str, env: Env, observation: str) -> EnvResetResult:
         with self._lock:
-            self.envs[request.trajectory_id] = env
-            self.env_locks[request.trajectory_id] = threading.Lock()
-            self.last_step.pop(request.trajectory_id, None)
+            self.envs[trajectory_id] = env
+            self.env_locks[trajectory_id] = threading.Lock()
+            self.last_step.pop(trajectory_id, None)
         return EnvResetResult(observation=observation, worker_queue=self.worker_queue,
                               action_vocabulary=getattr(env, "action_vocabulary", None),
                               answer_alphabet=getattr(env, "answer_alphabet", None),
-                              answer_length=getattr(env, "answer_length", None))
+                              answer_length=getattr(env, "answer_length", None),
+                              deterministic=bool(getattr(env, "deterministic", False)))
 
     @activity.defn(name=Activity.ENV_STEP)
     def step(self, request: EnvStepRequest) -> EnvStepResult:

@@ -33,6 +33,7 @@ class Activity:
     ENV_RESET = "env.reset"
     ENV_STEP = "env.step"
     ENV_CLOSE = "env.close"
+    ENV_RESTORE = "env.restore"
     GEN_ROUTE = "gen.route"
     GEN_RELEASE = "gen.release"
     GEN_GENERATE = "gen.generate"
@@ -99,6 +100,15 @@ class EnvResetResult(BaseModel):
     action_vocabulary: list[str] | None = None
     answer_alphabet: list[str] | None = None
     answer_length: int | None = None
+    deterministic: bool = Field(False, description="The env declares that its seed and actions "
+                                "determine it: it can be rebuilt on another worker.")
+
+
+class EnvRestoreRequest(EnvResetRequest):
+    """Rebuild a deterministic env whose worker is gone: reset with the same seed and take the
+    trajectory's actions again."""
+
+    actions: list[str]
 
 
 class EnvStepRequest(BaseModel):
@@ -209,6 +219,8 @@ class TrajectoryResult(BaseModel):
     fallback_turns: int = Field(0, description="Turns served by a fallback generation pool.")
     rerouted_turns: int = Field(0, description="Turns sent again after their replica did not "
                                 "pick them up, went silent or failed.")
+    env_restores: int = Field(0, description="Times its env was rebuilt on another env worker "
+                              "after its own died.")
     error: str | None = None
 
 

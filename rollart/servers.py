@@ -3,7 +3,9 @@ master, test servers): finding their binaries, a free port, and starting and sto
 
 from __future__ import annotations
 
+import ctypes
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -30,6 +32,19 @@ def port_open(host: str, port: int) -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
+_LIBC = ctypes.CDLL("libc.so.6") if sys.platform.startswith("linux") else None
+PR_SET_PDEATHSIG = 1
+
+
+def die_with_parent() -> None:
+    """A `preexec_fn`: the child gets SIGKILL when the process that started it dies, however it
+    dies (Linux), so a launcher killed outright leaves no servers or workers behind to collide
+    with the ones a resumed run starts. libc is loaded beforehand: between fork and exec only a
+    plain C call is safe."""
+    if _LIBC is not None:
+        _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
 class LocalServer:
     """A server process listening on 127.0.0.1:`port`, started and stopped with its owner."""
 
@@ -51,7 +66,8 @@ class LocalServer:
             raise RuntimeError(f"{self.name}: port {self.port} on 127.0.0.1 is already in use; "
                                "stop that server or choose another port")
         log = open(self.log_file, "ab") if self.log_file else subprocess.DEVNULL  # noqa: SIM115
-        self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT)
+        self.process = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT,
+                                        preexec_fn=die_with_parent)
         deadline = time.monotonic() + timeout_s
         while not port_open("127.0.0.1", self.port):
             if self.process.poll() is not None:

@@ -106,3 +106,22 @@ class Replayable(FrozenLakeEnv):
         if self.held:
             Replayable.gate.wait()
         return super().step(action)
+
+
+@register_env("walk")
+class Walk:
+    """Deterministic: each action moves the walker, and the observation shows where it is."""
+
+    action_vocabulary = ["Left", "Right"]
+    deterministic = True
+
+    def reset(self, seed: int):
+        self.position = seed % 5
+        return self.observation(), {}
+
+    def step(self, action: str) -> StepResult:
+        self.position = max(0, min(4, self.position + (1 if action == "Right" else -1)))
+        return StepResult(self.observation(), 0.0, False)
+
+    def observation(self) -> str:
+        return " ".join("P" if cell == self.position else "F" for cell in range(5))

@@ -3,6 +3,8 @@ detected within its bounds, and neither ever takes an env step twice."""
 
 from __future__ import annotations
 
+import asyncio
+
 import envs_for_tests
 import pytest
 from conftest import make_config
@@ -81,3 +83,48 @@ async def test_an_oversized_observation_fails_its_trajectory_clearly(temporal_se
     message = str(failed.value.cause)
     assert "observation of 5000 characters" in message and "max_observation_chars" in message
     assert "in step (turn 0)" in message
+
+
+async def lose_env_worker(temporal_server, engine, tmp_path, env: str, tid: str, seed: int):
+    """One 8-turn episode of `env` whose env worker shuts down after its third turn, another
+    worker taking over the pool; (config, the episode's result), or its failure raised."""
+    from rollart.workers.fleet import _all, build_workers
+
+    config = make_config(temporal_server, tmp_path, **{
+        "domains.frozenlake.env": env, "domains.frozenlake.max_turns": 8,
+        "domains.frozenlake.faults": {"step_mean_s": 0.3},
+        "domains.frozenlake.timeouts": {"pickup_s": 2.0}})
+    spec = TrajectorySpec.for_domain(config, "frozenlake", tid, "g", seed=seed)
+    async with in_process_fleet(config, engine, ("control", "reward", "gen")) as client:
+        handle = await client.start_workflow(TrajectoryWorkflow.run, spec, id=tid,
+                                             task_queue=config.temporal.control_queue,
+                                             result_type=TrajectoryResult)
+        async with _all(await build_workers(config, client, "env")):
+            while (await handle.query(TrajectoryWorkflow.progress))["turn"] < 3:
+                await asyncio.sleep(0.1)
+        async with _all(await build_workers(config, client, "env")):  # another env worker
+            return config, await handle.result()
+
+
+async def test_a_deterministic_episode_outlives_its_env_worker(temporal_server, engine, tmp_path):
+    """The next step after the loss finds no worker; the episode is rebuilt on the other worker
+    from its seed and actions, and the policy sees the observations it would have seen."""
+    from rollart.store import TrajectoryStore
+
+    config, result = await lose_env_worker(temporal_server, engine, tmp_path, "walk", "walk-1",
+                                           seed=2)
+    assert result.status == "completed" and result.turns == 8 and result.env_restores == 1
+    records = TrajectoryStore(config.store_dir).read("walk-1")
+    walk = envs_for_tests.Walk()
+    expected = [walk.reset(2)[0]]
+    for record in records[:-1]:
+        expected.append(walk.step(engine.decode(record.sampled_ids)).observation)
+    assert [engine.decode(r.observation_ids) for r in records] == expected
+
+
+async def test_a_lost_episode_of_an_env_that_cannot_be_rebuilt_fails_clearly(
+        temporal_server, engine, tmp_path):
+    with pytest.raises(WorkflowFailureError) as failure:
+        await lose_env_worker(temporal_server, engine, tmp_path, "counting", "counting-lost",
+                              seed=3)
+    assert "failed in step" in str(failure.value.cause)

@@ -4,6 +4,7 @@ restarts in a second; the processes, the dev server and the weight path are real
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -36,6 +37,8 @@ checkpoint_every = 0
 [domains.frozenlake.faults]
 step_mean_s = 0.1
 step_std_s = 0.05
+[domains.frozenlake.timeouts]
+pickup_s = 5.0
 [[pools]]
 name = "cpu"
 role = "env"
@@ -54,6 +57,27 @@ gen_pool = "h800"
 """
 
 
+def launch(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "rollart.workers.cli", "train", *args],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def wait_for_iterations(launcher: subprocess.Popen, run_dir: Path, count: int) -> None:
+    metrics = run_dir / "metrics.jsonl"
+    deadline = time.monotonic() + 180
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= count):
+        assert launcher.poll() is None, launcher.stderr.read()
+        assert time.monotonic() < deadline, f"not {count} iterations within 180 s"
+        time.sleep(0.5)
+
+
+def stop(launcher: subprocess.Popen) -> None:
+    if launcher.poll() is None:
+        launcher.send_signal(signal.SIGINT)
+        launcher.wait(timeout=60)
+
+
 def worker_pid(launcher: subprocess.Popen, role: str) -> int:
     for child in psutil.Process(launcher.pid).children():
         if f"--role {role}" in " ".join(child.cmdline()):
@@ -65,22 +89,13 @@ def test_a_killed_replica_is_restarted_and_the_run_finishes(tmp_path):
     run_dir = tmp_path / "run"
     config = tmp_path / "sim.toml"
     config.write_text(CONFIG.format(run_dir=run_dir, port=free_port(), ui_port=free_port()))
-    launcher = subprocess.Popen([sys.executable, "-m", "rollart.workers.cli", "train",
-                                 "--config", str(config)], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True)
+    launcher = launch("--config", str(config))
     try:
-        metrics = run_dir / "metrics.jsonl"
-        deadline = time.monotonic() + 180
-        while not (metrics.exists() and metrics.read_text().strip()):
-            assert launcher.poll() is None, launcher.stderr.read()
-            assert time.monotonic() < deadline, "no iteration within 180 s"
-            time.sleep(0.5)
+        wait_for_iterations(launcher, run_dir, 1)
         os.killpg(worker_pid(launcher, "gen"), signal.SIGKILL)
         assert launcher.wait(timeout=300) == 0, launcher.stderr.read()
     finally:
-        if launcher.poll() is None:
-            launcher.send_signal(signal.SIGINT)
-            launcher.wait(timeout=60)
+        stop(launcher)
     supervision = json.loads((run_dir / "supervisor.json").read_text())
     assert supervision["worker_restarts"] == 1
     assert supervision["exits"][0]["worker"] == "gen.h800.r0"
@@ -89,3 +104,52 @@ def test_a_killed_replica_is_restarted_and_the_run_finishes(tmp_path):
     assert status["iteration"] == 6 and ledger["failed"] == 0
     assert ledger["trained"] == 6 * 16
     assert ledger["started"] == ledger["trained"] + ledger["evicted"]
+
+
+def test_a_run_whose_launcher_was_killed_resumes_where_it_was(tmp_path):
+    """SIGKILL to the launcher's whole process group (dev server and workers die with it), then
+    `rollart train --resume`: the same TrainingWorkflow finishes from the run's own database,
+    store and weights, nothing lost and nothing trained twice."""
+    from rollart.workers.audit import trained_ids_by_iteration
+    from rollart.workers.client import connect
+    from rollart.workers.devserver import DevServer
+
+    run_dir = tmp_path / "run"
+    config = tmp_path / "sim.toml"
+    port = free_port()
+    config.write_text(CONFIG.format(run_dir=run_dir, port=port, ui_port=free_port()))
+    first = launch("--config", str(config))
+    try:
+        wait_for_iterations(first, run_dir, 2)
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait(timeout=30)
+    finally:
+        stop(first)
+    time.sleep(1)  # the dev server and workers die with their parent
+    again = subprocess.run([sys.executable, "-m", "rollart.workers.cli", "train", "--config",
+                            str(config)], capture_output=True, text=True, timeout=120)
+    assert again.returncode != 0
+    assert f"resume it with: rollart train --resume {run_dir}" in again.stderr
+    resumed = launch("--resume", str(run_dir))
+    try:
+        assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+    finally:
+        stop(resumed)
+    status = json.loads((run_dir / "status.json").read_text())
+    ledger = status["ledger"]
+    assert status["iteration"] == 6
+    assert ledger["started"] == ledger["trained"] + ledger["failed"] + ledger["evicted"]
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["iteration"] for line in lines] == list(range(6))
+
+    async def audit() -> dict[int, list[str]]:
+        from rollart.config import TemporalConfig
+
+        client = await connect(TemporalConfig(address=f"127.0.0.1:{port}"))
+        return await trained_ids_by_iteration(client, "rollart-train-run")
+
+    with DevServer(run_dir / "temporal.db", port, None):
+        batches = asyncio.run(audit())
+    trained = [tid for ids in batches.values() for tid in ids]
+    assert sorted(batches) == list(range(6)) and len(trained) == len(set(trained))
+    assert len(trained) == ledger["trained"]

@@ -1,6 +1,7 @@
 """The `rollart` command line.
 
   rollart train            the embedded default: dev server + fleet workers + a training run
+  rollart train --resume D continue the unfinished run in run directory D
   rollart stack            dev server + fleet workers, waiting for runs started elsewhere
   rollart worker           one fleet worker (--role env|gen|reward|train|control)
   rollart start            start a TrainingWorkflow on a running stack (the SDK path)
@@ -124,14 +125,22 @@ def cmd_train(args: argparse.Namespace) -> int:
     )
     from rollart.workers.stack import CrashLoopError, Stack
 
-    config = _config(args, fresh_run_dir=True)
+    if args.resume:
+        config = _unfinished_run(Path(args.resume))
+    else:
+        config = _config(args, fresh_run_dir=True)
+        if _unfinished(Path(config.run_dir)):
+            raise SystemExit(f"{config.run_dir} holds a run that did not finish (its launcher "
+                             f"stopped first); resume it with: rollart train --resume "
+                             f"{config.run_dir}  (or choose another --run-dir)")
     _check_env_name(config)
     _stop_on_sigterm()
     run_dir = Path(config.run_dir)
     with console.status("preparing the policy model"):
         model_path = resolve_model_path(config.model.path, config.model.seed)
-    config_file = _write_config(config)
-    console.print(f"run directory: {run_dir}\npolicy: {model_path}")
+    config_file = run_dir / "config.json" if args.resume else _write_config(config)
+    console.print(f"run directory: {run_dir}\npolicy: {model_path}"
+                  + ("\nresuming the run where it stopped" if args.resume else ""))
     workflow_id = WORKFLOW_ID_PREFIX + run_dir.name
 
     async def main():
@@ -139,7 +148,14 @@ def cmd_train(args: argparse.Namespace) -> int:
             console.print(f"Temporal dev server on {config.temporal.address}, Web UI on "
                           f"http://127.0.0.1:{config.temporal.ui_port}; workers: "
                           f"{', '.join(stack.processes)} (logs in {stack.logs})")
-            client, handle = await _start_workflow(config, workflow_id)
+            if args.resume:
+                from rollart.contracts import TrainingStatus
+                from rollart.workers.client import connect
+
+                client = await connect(config.temporal)
+                handle = client.get_workflow_handle(workflow_id, result_type=TrainingStatus)
+            else:
+                client, handle = await _start_workflow(config, workflow_id)
 
             def check() -> None:
                 seen = len(stack.exits)
@@ -183,6 +199,25 @@ def cmd_train(args: argparse.Namespace) -> int:
         + (f"\n{cpu_line}" if cpu_line else "")
     )
     return 0
+
+
+def _unfinished(run_dir: Path) -> bool:
+    """A run directory whose dev server database exists but whose launcher never wrote the final
+    status: its TrainingWorkflow is still open in that database."""
+    return (run_dir / "temporal.db").exists() and not (run_dir / "status.json").exists()
+
+
+def _unfinished_run(run_dir: Path) -> RunConfig:
+    run_dir = run_dir.resolve()
+    if not (run_dir / "config.json").exists():
+        raise SystemExit(f"--resume: {run_dir} holds no run (no config.json)")
+    if not _unfinished(run_dir):
+        raise SystemExit(f"--resume: the run in {run_dir} finished (status.json) or never "
+                         "started (no temporal.db); nothing to resume")
+    try:
+        return RunConfig.model_validate_json((run_dir / "config.json").read_text())
+    except ValidationError as err:
+        raise SystemExit(f"invalid config:\n{_explain(err)}") from None
 
 
 def cmd_stack(args: argparse.Namespace) -> int:
@@ -327,6 +362,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     train = with_config(commands.add_parser("train", help=cmd_train.__doc__))
     train.add_argument("--run-dir")
+    train.add_argument("--resume", metavar="RUN_DIR", help="continue a run whose launcher "
+                       "stopped before it finished, with the same workflow, store and weights")
     train.set_defaults(func=cmd_train)
     stack = with_config(commands.add_parser("stack"))
     stack.add_argument("--run-dir")

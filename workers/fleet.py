@@ -136,7 +136,7 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
         own_queue = f"{pool_queue('env', pool)}.{worker_id}"
         envs = EnvActivities(own_queue)
         executor = ThreadPoolExecutor(max_workers=64)
-        activities = [envs.check, envs.reset, envs.step, envs.close]
+        activities = [envs.check, envs.reset, envs.restore, envs.step, envs.close]
         return [Worker(client, task_queue=queue, activities=activities,
                        activity_executor=executor, max_concurrent_activities=64)
                 for queue in (pool_queue("env", pool), own_queue)]

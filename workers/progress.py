@@ -59,7 +59,7 @@ async def follow(client: Client, handle: WorkflowHandle, run_dir: Path, poll_s: 
     to the latest run, so progress continues across continue-as-new."""
     latest = client.get_workflow_handle(handle.id)
     metrics_file = run_dir / "metrics.jsonl"
-    written = 0
+    written = len(read_metrics(run_dir))  # a resumed run has written some already
     loop = asyncio.get_running_loop()
     started = loop.time()
     result_task = asyncio.ensure_future(handle.result())

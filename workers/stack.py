@@ -16,6 +16,7 @@ import time
 from pathlib import Path
 
 from rollart.config import RunConfig
+from rollart.servers import die_with_parent
 from rollart.weights import MooncakeMaster, backend_choice
 from rollart.workers.devserver import DevServer
 
@@ -77,7 +78,8 @@ class Stack:
         # A session of its own: stopping or killing a worker reaches its engine processes too.
         self.processes[name] = subprocess.Popen(self.commands[name], stdout=log,
                                                 stderr=subprocess.STDOUT, env=env,
-                                                start_new_session=True)
+                                                start_new_session=True,
+                                                preexec_fn=die_with_parent)
 
     def kill(self, name: str) -> None:
         """SIGKILL the worker `name` and its children, as a machine crash would (chaos runs)."""

@@ -29,6 +29,7 @@ with workflow.unsafe.imports_passed_through():
         Activity,
         EnvResetRequest,
         EnvResetResult,
+        EnvRestoreRequest,
         EnvStepRequest,
         EnvStepResult,
         GenerateRequest,
@@ -56,6 +57,8 @@ MAX_PICKUP = timedelta(minutes=10)
 PING_TIMEOUT = timedelta(seconds=10)
 ROUTE_TIMEOUT = timedelta(seconds=10)
 PING_BEFORE_MARKING_DOWN = "ping-before-marking-down"
+RESTORE_LOST_ENV = "restore-lost-env"
+MAX_RESTORES = 3
 DONE_SIGNAL = "trajectory_done"
 
 
@@ -186,6 +189,28 @@ async def step_env(spec: TrajectorySpec, worker_queue: str, action: str) -> EnvS
     )
 
 
+async def restore_env(spec: TrajectorySpec, actions: list[str]) -> EnvResetResult:
+    """The episode rebuilt on any live worker of the env pool (its own worker is gone)."""
+    return await workflow.execute_activity(
+        Activity.ENV_RESTORE,
+        EnvRestoreRequest(trajectory_id=spec.trajectory_id, env_name=spec.env_name,
+                          env_kwargs=spec.env_kwargs, seed=spec.seed, faults=spec.faults,
+                          max_observation_chars=spec.max_observation_chars, actions=actions),
+        result_type=EnvResetResult, task_queue=spec.env_queue,
+        start_to_close_timeout=timedelta(seconds=spec.env_timeouts.reset_s),
+        retry_policy=_env_retry(spec),
+    )
+
+
+def env_worker_lost(err: ActivityError) -> bool:
+    """No worker of the env's own queue picked the step up, or the worker that did holds no
+    such env (it restarted)."""
+    cause = err.cause
+    if isinstance(cause, TimeoutError):
+        return cause.type == TimeoutType.SCHEDULE_TO_START
+    return isinstance(cause, ApplicationError) and cause.type == "EnvironmentLost"
+
+
 async def close_env(spec: TrajectorySpec, worker_queue: str) -> None:
     await workflow.execute_activity(
         Activity.ENV_CLOSE, spec.trajectory_id, task_queue=worker_queue,
@@ -214,6 +239,8 @@ class TrajectoryWorkflow:
         self.env_queue: str | None = None
         self.open_env = False
         self.partial: TrajectoryResult | None = None
+        self.actions: list[str] = []  # the episode's actions so far, to rebuild its env
+        self.restores = 0
 
     @workflow.query
     def progress(self) -> dict[str, object]:
@@ -268,7 +295,7 @@ class TrajectoryWorkflow:
             partial.end_version = max(partial.end_version, gen.version)
             partial.mixed_versions = partial.mixed_versions or gen.mixed_versions
             self.phase = "step"
-            step = await step_env(spec, reset.worker_queue, gen.text)
+            step = await self._step(spec, reset, gen.text)
             observation, info = step.observation, step.info
             rewards.append(step.reward)
             partial.reward = float(sum(rewards))
@@ -283,6 +310,25 @@ class TrajectoryWorkflow:
             "status": "completed", "reward": reward.reward, "success": reward.success,
             "mixed_versions": partial.mixed_versions or len(versions) > 1,
         })
+
+    async def _step(self, spec: TrajectorySpec, reset: EnvResetResult,
+                    action: str) -> EnvStepResult:
+        """One env step; if the env's worker is gone and the env is deterministic, rebuild the
+        episode on another worker (reset with its seed, replay its actions) and step there."""
+        while True:
+            try:
+                step = await step_env(spec, self.env_queue, action)
+                self.actions.append(action)
+                return step
+            except ActivityError as err:
+                if not (reset.deterministic and self.restores < MAX_RESTORES
+                        and env_worker_lost(err) and workflow.patched(RESTORE_LOST_ENV)):
+                    raise
+                workflow.logger.warning("env worker of %s is gone; rebuilding its episode "
+                                        "(%d actions)", spec.trajectory_id, len(self.actions))
+            self.restores += 1
+            self.partial.env_restores = self.restores
+            self.env_queue = (await restore_env(spec, self.actions)).worker_queue
 
     async def _release_env(self, spec: TrajectorySpec) -> None:
         """Best effort: the env worker may be gone (its episodes with it), and a trajectory must

@@ -26,7 +26,9 @@ class Env(Protocol):
     """The complete set of valid action strings, or None when actions are free text."""
     # Optional: `answer_alphabet: list[str]`, the tokens a free-text answer is made of, with
     # `answer_length: int` when answers have a fixed width; `close()`, called when the episode
-    # ends or is abandoned.
+    # ends or is abandoned; `deterministic = True` when the seed and the actions taken determine
+    # the episode (observations, rewards, ends): an episode whose env worker died is then
+    # rebuilt on another worker by replaying its actions instead of failing.
 
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]: ...
 
