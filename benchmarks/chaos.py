@@ -1,19 +1,22 @@
-"""Chaos: a real training run while random workers are SIGKILLed and restarted.
+"""Chaos: `rollart train` itself while random workers, and the launcher, are SIGKILLed.
 
-The embedded stack (dev server, Mooncake master, one process per worker: control, env, two
+`rollart train` (dev server, Mooncake master, one process per worker: control, env, two
 generation replicas, reward, trainer) trains FrozenLake in async mode while, every 15-35 s, one
-random worker is killed with SIGKILL and started again a few seconds later. Afterwards the run is
-audited from Temporal itself:
+random victim is killed with SIGKILL: a worker (its supervisor starts it again) or the launcher's
+whole process group (then `rollart train --resume` brings the run back). Afterwards the run is
+audited from Temporal itself, on the run's own database:
 
 - lost: trajectories started and never settled (the ledger's in-flight count at the end, plus
   trajectory workflows still running) — must be 0;
 - duplicated: trajectories in the train batches of two different iterations, read from the
   train.step inputs in the training workflow's histories — must be 0;
+- failed_by_env_worker_death: failed trajectories whose env step found no worker (FrozenLake is
+  deterministic, so its episodes are rebuilt instead);
 - recovery: for each kill, the time until the next iteration completed.
 
 Run: .venv/bin/python benchmarks/chaos.py [--iterations 12] [--seed 0] [--smoke]
-(writes results/chaos.json and chaos.md beside this file; --smoke: 2 iterations, one kill
-after 30 s, nothing written)
+(writes results/chaos.json and chaos.md beside this file; --smoke: 2 iterations on simulated
+compute, the launcher killed once after the first iteration and resumed, nothing written)
 """
 
 from __future__ import annotations
@@ -21,30 +24,43 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import random
+import signal
+import subprocess
+import sys
 import tempfile
 import time
 from collections import Counter
 from datetime import UTC, datetime
 from pathlib import Path
 
+import psutil
 from report import save
 from rich.console import Console
 from rich.table import Table
 
-from rollart.config import load_config
-from rollart.contracts import TrainingStatus
-from rollart.servers import free_port
+from rollart.config import RunConfig, load_config
+from rollart.servers import die_with_parent, free_port
 from rollart.workers.audit import trained_ids_by_iteration
 from rollart.workers.client import connect
-from rollart.workers.stack import Stack
-from rollart.workflows.training import TrainingInput
+from rollart.workers.devserver import DevServer
 
 console = Console()
-WORKFLOW_ID = "chaos-run"
+LAUNCHER = "launcher"
+WORKERS = {"control": "--role control", "env.cpu": "--role env", "reward.cpu": "--role reward",
+           "train.cpu": "--role train", "gen.cpu.r0": "--role gen --pool cpu --replica 0",
+           "gen.cpu.r1": "--role gen --pool cpu --replica 1"}
+LOST_ENV = ("ScheduleToStart", "no live environment")
 
 
-def chaos_config(run_dir: Path, iterations: int):
+SMOKE_SIMULATED = {"simulation.enabled": True, "simulation.time_scale": 0.02,
+                   "pools": [{"name": "cpu", "role": "env"}, {"name": "cpu", "role": "reward"},
+                             {"name": "cpu", "role": "train"},
+                             {"name": "cpu", "role": "gen", "hardware": "h800"}]}
+
+
+def chaos_config(run_dir: Path, iterations: int, smoke: bool = False) -> RunConfig:
     return load_config(None, **{
         "run_dir": str(run_dir),
         "temporal.address": f"127.0.0.1:{free_port()}", "temporal.ui_port": free_port(),
@@ -57,74 +73,128 @@ def chaos_config(run_dir: Path, iterations: int):
         "trainer.heartbeat_s": 15, "trainer.checkpoint_every": 1,
         "routing.schedule_to_start_s": 10, "routing.down_s": 10,
         "domains.frozenlake.timeouts": {"pickup_s": 20, "step_s": 30},
+        **(SMOKE_SIMULATED if smoke else {}),
     })
 
 
-async def chaos(config, config_file: Path, rng: random.Random, min_gap: float,
-                max_gap: float, max_kills: int | None) -> dict:
+def launch(*args: str, log: Path) -> subprocess.Popen:
+    with log.open("ab") as out:
+        return subprocess.Popen([sys.executable, "-m", "rollart.workers.cli", "train", *args],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=die_with_parent)
+
+
+def worker_pid(launcher: subprocess.Popen, victim: str) -> int | None:
+    for child in psutil.Process(launcher.pid).children():
+        try:
+            command = " ".join(child.cmdline()) + " "
+        except psutil.Error:  # a killed worker not reaped yet
+            continue
+        if WORKERS[victim] + " " in command:
+            return child.pid
+    return None
+
+
+def restarts_so_far(run_dir: Path) -> int:
+    path = run_dir / "supervisor.json"
+    return json.loads(path.read_text())["worker_restarts"] if path.exists() else 0
+
+
+def iterations_done(run_dir: Path) -> int:
+    path = run_dir / "metrics.jsonl"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def chaos(config_file: Path, run_dir: Path, rng: random.Random, min_gap: float,
+          max_gap: float, smoke: bool) -> dict:
+    log = run_dir.parent / "launcher.log"
+    launcher = launch("--config", str(config_file), log=log)
     kills: list[dict] = []
-    with Stack(config, config_file) as stack:
-        client = await connect(config.temporal)
-        handle = await client.start_workflow(
-            "TrainingWorkflow", TrainingInput(config=config), id=WORKFLOW_ID,
-            task_queue=config.temporal.control_queue, result_type=TrainingStatus)
-        result = asyncio.ensure_future(handle.result())
-        victims = sorted(stack.commands)
-        started = time.monotonic()
-        while not result.done() and (max_kills is None or len(kills) < max_kills):
-            await asyncio.wait([result], timeout=rng.uniform(min_gap, max_gap))
-            if result.done():
-                break
-            victim = rng.choice(victims)
-            stack.kill(victim)
-            killed_at = datetime.now(UTC)
-            console.print(f"{time.monotonic() - started:6.0f}s  SIGKILL {victim}")
-            await asyncio.sleep(rng.uniform(1, 5))
-            stack.spawn(victim)
-            kills.append({"victim": victim, "at": killed_at.isoformat()})
-            if time.monotonic() - started > 3600:
-                raise TimeoutError("the chaos run did not finish within an hour")
-        status = await result
-        wall = time.monotonic() - started
-        batches = await trained_ids_by_iteration(client, WORKFLOW_ID)
-        running = await still_running(client)
+    restarts, resumes = 0, 0
+    started = time.monotonic()
+    while True:
+        gap = 0.5 if smoke else rng.uniform(min_gap, max_gap)
+        deadline = time.monotonic() + gap
+        while time.monotonic() < deadline and launcher.poll() is None:
+            time.sleep(0.25)
+        if launcher.poll() is not None:
+            if launcher.returncode != 0:
+                raise RuntimeError(f"rollart train exited with {launcher.returncode}; see {log}")
+            break
+        if smoke and (kills or iterations_done(run_dir) < 1):
+            continue
+        victim = LAUNCHER if smoke else rng.choice([LAUNCHER, *WORKERS])
+        at = datetime.now(UTC).isoformat()
+        if victim == LAUNCHER:
+            restarts += restarts_so_far(run_dir)
+            os.killpg(launcher.pid, signal.SIGKILL)
+            launcher.wait()
+            time.sleep(2)  # its servers and workers die with it
+            launcher = launch("--resume", str(run_dir), log=log)
+            resumes += 1
+        else:
+            pid = worker_pid(launcher, victim)
+            if pid is None:  # restarting, or the stack is still coming up
+                continue
+            os.killpg(pid, signal.SIGKILL)
+        console.print(f"{time.monotonic() - started:6.0f}s  SIGKILL {victim}")
+        kills.append({"victim": victim, "at": at})
+        if time.monotonic() - started > 3600:
+            raise TimeoutError("the chaos run did not finish within an hour")
+    restarts += restarts_so_far(run_dir)
+    return {"kills": kills, "launcher_kills_resumed": resumes, "worker_restarts": restarts,
+            "wall_s": time.monotonic() - started}
+
+
+async def audit(config: RunConfig, workflow_id: str) -> dict:
+    client = await connect(config.temporal)
+    batches = await trained_ids_by_iteration(client, workflow_id)
+    query = (f"WorkflowType='TrajectoryWorkflow' AND WorkflowId STARTS_WITH '{workflow_id}'")
+    running, lost_env = [], 0
+    async for execution in client.list_workflows(query + " AND ExecutionStatus='Running'"):
+        running.append(execution.id)
+    async for execution in client.list_workflows(query + " AND ExecutionStatus='Failed'"):
+        history = await client.get_workflow_handle(execution.id).fetch_history()
+        failure = history.events[-1].workflow_execution_failed_event_attributes.failure
+        lost_env += any(marker in failure.message for marker in LOST_ENV)
     counts = Counter(tid for ids in batches.values() for tid in set(ids))
-    ends = sorted(m.ended_at for m in status.history)
+    return {"duplicated": sum(1 for n in counts.values() if n > 1), "running": running,
+            "failed_by_env_worker_death": lost_env, "iterations_trained": len(batches)}
+
+
+def summarize(config: RunConfig, run_dir: Path, chaos_run: dict) -> dict:
+    status = json.loads((run_dir / "status.json").read_text())
+    host, port = config.temporal.address.rsplit(":", 1)
+    with DevServer(run_dir / "temporal.db", int(port), None):
+        audited = asyncio.run(audit(config, "rollart-train-" + run_dir.name))
+    ends = sorted(datetime.fromisoformat(m["ended_at"]) for m in status["history"])
     recoveries = []
-    for kill in kills:
+    for kill in chaos_run["kills"]:
         at = datetime.fromisoformat(kill["at"])
         after = next((e for e in ends if e > at), None)
         kill["recovery_s"] = (after - at).total_seconds() if after else None
         if after:
-            recoveries.append(kill["recovery_s"])
-    steps = [m.step_s for m in status.history]
+            recoveries.append((kill["victim"], kill["recovery_s"]))
+    steps = sorted(m["step_s"] for m in status["history"])
+    ledger = status["ledger"]
+    in_flight = ledger["started"] - ledger["trained"] - ledger["failed"] - ledger["evicted"]
     return {
-        "kills": len(kills),
-        "lost": status.ledger.in_flight + len(running),
-        "duplicated": sum(1 for n in counts.values() if n > 1),
-        "iterations_completed": status.iteration,
-        "max_recovery_s": max(recoveries, default=0.0),
-        "median_iteration_s": sorted(steps)[len(steps) // 2] if steps else 0.0,
-        "ledger": status.ledger.model_dump(),
-        "failures_sample": status.failures[-5:],
-        "wall_s": wall,
-        "kill_log": kills,
-        "final_success_rate": status.history[-1].success_rate if status.history else 0.0,
+        "kills": len(chaos_run["kills"]),
+        "lost": in_flight + len(audited["running"]),
+        "duplicated": audited["duplicated"],
+        "failed_by_env_worker_death": audited["failed_by_env_worker_death"],
+        "launcher_kills_resumed": chaos_run["launcher_kills_resumed"],
+        "worker_restarts": chaos_run["worker_restarts"],
+        "iterations_completed": status["iteration"],
+        "max_recovery_s": max((s for _, s in recoveries), default=0.0),
+        "max_recovery_s_workers": max((s for v, s in recoveries if v != LAUNCHER), default=0.0),
+        "median_iteration_s": steps[len(steps) // 2] if steps else 0.0,
+        "ledger": ledger,
+        "failures_sample": status["failures"][-5:],
+        "wall_s": chaos_run["wall_s"],
+        "kill_log": chaos_run["kills"],
+        "final_success_rate": status["history"][-1]["success_rate"] if status["history"] else 0,
     }
-
-
-async def still_running(client, wait_s: float = 60) -> list[str]:
-    """This run's trajectory workflows not ended yet. One the training run cancelled as it ended
-    is counted (evicted) but may still be ending, its own activities cancelled first (one on a
-    replica just killed), so those get `wait_s` to end before they count as lost."""
-    query = (f"WorkflowType='TrajectoryWorkflow' AND ExecutionStatus='Running' "
-             f"AND WorkflowId STARTS_WITH '{WORKFLOW_ID}'")
-    deadline = time.monotonic() + wait_s
-    while True:
-        running = [w.id async for w in client.list_workflows(query)]
-        if not running or time.monotonic() > deadline:
-            return running
-        await asyncio.sleep(1)
 
 
 def main() -> None:
@@ -133,28 +203,31 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--min-gap", type=float, default=15)
     parser.add_argument("--max-gap", type=float, default=35)
-    parser.add_argument("--max-kills", type=int, help="stop killing after this many")
     parser.add_argument("--smoke", action="store_true",
                         help="the smallest run of every code path (CI), nothing written")
     args = parser.parse_args()
     if args.smoke:
-        args.iterations, args.min_gap, args.max_gap, args.max_kills = 2, 30, 30, 1
+        args.iterations = 2
     with tempfile.TemporaryDirectory(prefix="rollart-chaos-") as tmp:
-        config = chaos_config(Path(tmp) / "run", args.iterations)
-        Path(config.run_dir).mkdir(parents=True)
-        config_file = Path(config.run_dir) / "config.json"
+        run_dir = Path(tmp) / "run"
+        config = chaos_config(run_dir, args.iterations, smoke=args.smoke)
+        config_file = Path(tmp) / "chaos.json"
         config_file.write_text(config.model_dump_json())
-        results = asyncio.run(chaos(config, config_file, random.Random(args.seed),
-                                    args.min_gap, args.max_gap, args.max_kills))
-    table = Table(title="chaos: SIGKILL and restart of random workers during training")
-    for column in ("kills", "lost", "duplicated", "iterations", "max recovery s",
-                   "median iteration s", "trained", "failed", "evicted"):
+        chaos_run = chaos(config_file, run_dir, random.Random(args.seed), args.min_gap,
+                          args.max_gap, args.smoke)
+        results = summarize(config, run_dir, chaos_run)
+    columns = ["kills", "lost", "duplicated", "env-death failures", "launcher resumed",
+               "worker restarts", "iterations", "max recovery s", "median iteration s",
+               "trained", "failed", "evicted"]
+    table = Table(title="chaos: SIGKILL of random workers and of the launcher during training")
+    for column in columns:
         table.add_column(column, justify="right")
     ledger = results["ledger"]
-    row = [str(results["kills"]), str(results["lost"]), str(results["duplicated"]),
-           str(results["iterations_completed"]), f"{results['max_recovery_s']:.1f}",
-           f"{results['median_iteration_s']:.1f}", str(ledger["trained"]),
-           str(ledger["failed"]), str(ledger["evicted"])]
+    row = [str(results[k]) for k in ("kills", "lost", "duplicated", "failed_by_env_worker_death",
+                                     "launcher_kills_resumed", "worker_restarts",
+                                     "iterations_completed")]
+    row += [f"{results['max_recovery_s']:.1f}", f"{results['median_iteration_s']:.1f}",
+            str(ledger["trained"]), str(ledger["failed"]), str(ledger["evicted"])]
     table.add_row(*row)
     console.print(table)
     if args.smoke:
@@ -162,11 +235,15 @@ def main() -> None:
     kill_lines = [f"- {k['victim']}: next iteration {k['recovery_s']:.1f} s after the kill"
                   if k["recovery_s"] is not None else f"- {k['victim']}: after the last iteration"
                   for k in results["kill_log"]]
-    save("chaos", results, "Chaos: workers killed during training",
-         f"python benchmarks/chaos.py --iterations {args.iterations} --seed {args.seed}",
-         ["| " + " | ".join(c.header for c in table.columns) + " |",
-          "|" + "---|" * len(row), "| " + " | ".join(row) + " |", "", "Kills:", *kill_lines,
-          "", f"Failures (last 5): {json.dumps(results['failures_sample'])}"])
+    save("chaos", results, "Chaos: workers and the launcher killed during training",
+         f".venv/bin/python benchmarks/chaos.py --iterations {args.iterations} "
+         f"--seed {args.seed}",
+         ["System figures of the real stack under `rollart train`; a killed worker is started "
+          "again by the launcher's supervisor, a killed launcher (its whole process group) by "
+          "`rollart train --resume`.", "",
+          "| " + " | ".join(columns) + " |", "|" + "---|" * len(row),
+          "| " + " | ".join(row) + " |", "", "Kills:", *kill_lines, "",
+          f"Failures (last 5): {json.dumps(results['failures_sample'])}"])
 
 
 if __name__ == "__main__":

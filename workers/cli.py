@@ -171,6 +171,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
             status = await follow(client, handle, run_dir, check=check)
             restarts.append(stack.restart_count)
+            await _drain(client, workflow_id, check)
             return status
 
     cpu: dict[str, float] = {}
@@ -199,6 +200,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         + (f"\n{cpu_line}" if cpu_line else "")
     )
     return 0
+
+
+async def _drain(client, workflow_id: str, check, timeout_s: float = 60) -> None:
+    """Keep the fleet up until the run's trajectories that it cancelled as it ended have ended
+    (a stopped fleet would leave them open in the database)."""
+    query = (f"WorkflowType='TrajectoryWorkflow' AND ExecutionStatus='Running' "
+             f"AND WorkflowId STARTS_WITH '{workflow_id}.'")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not [w async for w in client.list_workflows(query, limit=1)]:
+            return
+        check()
+        await asyncio.sleep(1)
 
 
 def _unfinished(run_dir: Path) -> bool:
