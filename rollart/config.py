@@ -47,6 +47,9 @@ class SamplingConfig(StrictModel):
         True,
         description="Sample only the environment's action tokens (each action must be one token).",
     )
+    generate_timeout_s: float = Field(
+        120.0, gt=0, description="Start-to-close bound of one generate call (it heartbeats "
+        "meanwhile); raise it for long answers on slow hardware.")
 
 
 class InjectedFaults(StrictModel):

@@ -45,7 +45,6 @@ with workflow.unsafe.imports_passed_through():
     from rollart.queues import admin_queue
     from rollart.search_attributes import FAILED_IN, RUN
 
-GENERATE_TIMEOUT = timedelta(seconds=120)
 GENERATE_HEARTBEAT = timedelta(seconds=10)
 REWARD_TIMEOUT = timedelta(seconds=60)
 REWARD_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
@@ -112,7 +111,8 @@ async def generate_turn(spec: TrajectorySpec, turn: int, observation: str,
             result = await workflow.execute_activity(
                 Activity.GEN_GENERATE, request, result_type=GenerateResult,
                 task_queue=decision.queue,
-                schedule_to_start_timeout=pickup, start_to_close_timeout=GENERATE_TIMEOUT,
+                schedule_to_start_timeout=pickup,
+                start_to_close_timeout=timedelta(seconds=spec.sampling.generate_timeout_s),
                 heartbeat_timeout=GENERATE_HEARTBEAT, retry_policy=RetryPolicy(maximum_attempts=1),
             )
         except ActivityError as err:
