@@ -132,6 +132,8 @@ def sim_config(temporal_server, tmp_path, **overrides):
         "algorithm.iterations": 3, "trainer.checkpoint_every": 0,
         "domains.frozenlake.faults": {"step_mean_s": 0.05, "step_std_s": 0.05,
                                       "reset_failure_rate": 0.2},
+        # 8 attempts: a trajectory fails its reset with probability 0.2^8 (3e-6), not 0.2^3
+        "domains.frozenlake.timeouts": {"attempts": 8, "first_retry_s": 0.05},
         **overrides})
 
 
