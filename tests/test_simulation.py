@@ -103,7 +103,8 @@ async def test_an_update_suspends_loads_and_switches_versions_mid_request(model_
         await asyncio.sleep(0.5)  # decoding: 64 x 32 steps of ~6.8 ms x 0.2 = ~2.8 s
         suspended = await engine.update_weights(1, [])
         sample = await request
-        assert suspended == pytest.approx(engine.cost.load_s() * 0.2, rel=0.2)
+        load_s = engine.cost.load_s() * 0.2  # 16 GB at 20 GB/s, scaled
+        assert load_s <= suspended < load_s + 0.3  # a sleep may overshoot on a busy machine
         assert engine.version == 1 and sample.versions[0] == 0 and sample.versions[-1] == 1
     finally:
         engine.shutdown()
