@@ -95,9 +95,15 @@ def worker_pid(launcher: subprocess.Popen, victim: str) -> int | None:
     return None
 
 
-def restarts_so_far(run_dir: Path) -> int:
+def take_restarts(run_dir: Path) -> int:
+    """The restarts the launcher recorded, removing its record: a resumed launcher starts its
+    own."""
     path = run_dir / "supervisor.json"
-    return json.loads(path.read_text())["worker_restarts"] if path.exists() else 0
+    if not path.exists():
+        return 0
+    count = json.loads(path.read_text())["worker_restarts"]
+    path.unlink()
+    return count
 
 
 def iterations_done(run_dir: Path) -> int:
@@ -126,7 +132,7 @@ def chaos(config_file: Path, run_dir: Path, rng: random.Random, min_gap: float,
         victim = LAUNCHER if smoke else rng.choice([LAUNCHER, *WORKERS])
         at = datetime.now(UTC).isoformat()
         if victim == LAUNCHER:
-            restarts += restarts_so_far(run_dir)
+            restarts += take_restarts(run_dir)
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.wait()
             time.sleep(2)  # its servers and workers die with it
@@ -141,7 +147,7 @@ def chaos(config_file: Path, run_dir: Path, rng: random.Random, min_gap: float,
         kills.append({"victim": victim, "at": at})
         if time.monotonic() - started > 3600:
             raise TimeoutError("the chaos run did not finish within an hour")
-    restarts += restarts_so_far(run_dir)
+    restarts += take_restarts(run_dir)
     return {"kills": kills, "launcher_kills_resumed": resumes, "worker_restarts": restarts,
             "wall_s": time.monotonic() - started}
 
@@ -164,7 +170,7 @@ async def audit(config: RunConfig, workflow_id: str) -> dict:
 
 def summarize(config: RunConfig, run_dir: Path, chaos_run: dict) -> dict:
     status = json.loads((run_dir / "status.json").read_text())
-    host, port = config.temporal.address.rsplit(":", 1)
+    port = config.temporal.address.rsplit(":", 1)[1]
     with DevServer(run_dir / "temporal.db", int(port), None):
         audited = asyncio.run(audit(config, "rollart-train-" + run_dir.name))
     ends = sorted(datetime.fromisoformat(m["ended_at"]) for m in status["history"])

@@ -166,18 +166,17 @@ def cmd_train(args: argparse.Namespace) -> int:
                         console.print(f"[yellow]worker {exit_['worker']} exited with "
                                       f"{exit_['returncode']}; restarting it in "
                                       f"{exit_['restart_in_s']:.0f} s[/yellow]")
-                    stack.write_supervision(run_dir / "supervisor.json")
+                    if len(stack.exits) > seen:
+                        stack.write_supervision(run_dir / "supervisor.json")
                 cpu.update(stack.cpu_seconds())
 
             status = await follow(client, handle, run_dir, check=check)
-            restarts.append(stack.restart_count)
             await _drain(client, workflow_id, check)
-            return status
+            return status, stack.restart_count
 
     cpu: dict[str, float] = {}
-    restarts: list[int] = []
     try:
-        status = asyncio.run(main())
+        status, restarts = asyncio.run(main())
     except CrashLoopError as err:
         raise SystemExit(f"rollart train stopped: {err}") from None
     (run_dir / "status.json").write_text(status.model_dump_json(indent=2))
@@ -192,7 +191,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         + f"\ntrajectories: started {ledger.started}, trained {ledger.trained}, "
         f"failed {ledger.failed}, evicted {ledger.evicted}"
         + (f" ({status.readmitted} after a re-run)" if status.readmitted else "")
-        + (f"\nworkers restarted: {restarts[0]} (supervisor.json)" if restarts[0] else "")
+        + (f"\nworkers restarted: {restarts} (supervisor.json)" if restarts else "")
         + f"\nrun directory: {run_dir}  (config.json, metrics.jsonl, status.json, "
         f"{'curve.png, ' if curve else ''}cpu.json, weights/, trajectories/, logs/)"
         f"\nWeb UI on this run's histories: rollart ui {run_dir}  then open "
