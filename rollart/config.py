@@ -140,6 +140,12 @@ class AlgorithmConfig(StrictModel):
     iterations: int = Field(30, ge=1)
     learning_rate: float = Field(1e-3, gt=0)
     clip_eps: float = Field(0.2, gt=0)
+    clip_eps_high: float | None = Field(
+        None, gt=0, description="Upper clip of the ratio (DAPO's clip-higher); None: clip_eps.")
+    loss_aggregation: Literal["token_mean", "sequence_mean"] = Field(
+        "token_mean", description="token_mean: the loss is averaged over the batch's sampled "
+        "tokens (a long episode weighs more); sequence_mean: over each episode's tokens, then "
+        "over episodes (every episode weighs the same).")
     minibatches: int = Field(2, ge=1)
     max_grad_norm: float = Field(1.0, gt=0)
     stop_at_success: float | None = Field(
@@ -170,6 +176,11 @@ class AlgorithmConfig(StrictModel):
     )
     entropy_coef: float = Field(
         0.0, ge=0, description="Weight of an entropy bonus (mean entropy per sampled token).")
+    entropy_target: float | None = Field(
+        None, gt=0, description="Adaptive entropy control: while the policy's mean entropy per "
+        "sampled token is below this, the bonus's weight rises by entropy_coef_step each step; "
+        "above it, it falls back (not below entropy_coef). None: a fixed entropy_coef.")
+    entropy_coef_step: float = Field(0.005, gt=0)
     target_kl: float | None = Field(
         0.05, gt=0, description="Trust region: a step that moves the policy further than this "
         "KL (pre-step to post-step, on the batch's tokens) is pulled back along its direction.")

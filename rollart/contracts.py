@@ -250,6 +250,7 @@ class LearningStats(BaseModel):
     step_kept: float = Field(1.0, description="Share of the optimizer's step kept (trust region).")
     grad_norm: float
     entropy: float = Field(description="Mean entropy per sampled token, pre-step policy.")
+    entropy_coef: float = Field(0.0, description="Weight of the entropy bonus this step.")
     ratio_p05: float
     ratio_p50: float
     ratio_p95: float

@@ -50,6 +50,25 @@ def test_loss_ignores_observation_tokens():
     assert logprobs.grad[0, 1] < 0 and logprobs.grad[0, 3] < 0
 
 
+def test_sequence_mean_weighs_every_sequence_the_same_whatever_its_length():
+    mask = torch.tensor([[True, True, True, True], [True, False, False, False]])
+    advantages = torch.tensor([[1.0], [1.0]])
+    grads = {}
+    for aggregation in ("token_mean", "sequence_mean"):
+        logprobs = torch.zeros(2, 4, requires_grad=True)
+        clipped_policy_loss(logprobs, torch.zeros(2, 4), advantages, mask, 0.2,
+                            aggregation=aggregation).loss.backward()
+        grads[aggregation] = logprobs.grad
+    # token_mean: every token -1/5, so the 4-token sequence gets 4x the push of the short one
+    assert grads["token_mean"][0].sum() == pytest.approx(4 * grads["token_mean"][1].sum())
+    # sequence_mean: each sequence's tokens share -1/2
+    assert grads["sequence_mean"][0].sum() == pytest.approx(grads["sequence_mean"][1].sum())
+    assert grads["sequence_mean"][1, 0] == pytest.approx(-0.5)
+    with pytest.raises(ValueError, match="unknown loss aggregation"):
+        clipped_policy_loss(torch.zeros(2, 4), torch.zeros(2, 4), advantages, mask, 0.2,
+                            aggregation="sum")
+
+
 def test_ratio_beyond_clip_stops_the_gradient():
     behaviour = torch.zeros(1, 2)
     logprobs = torch.tensor([[0.5, 0.0]], requires_grad=True)  # ratio e^0.5 > 1.2
@@ -58,6 +77,22 @@ def test_ratio_beyond_clip_stops_the_gradient():
     stats.loss.backward()
     assert logprobs.grad[0, 0] == 0 and logprobs.grad[0, 1] != 0
     assert stats.clip_fraction == pytest.approx(0.5)
+
+
+def test_clip_higher_lets_a_rewarded_token_rise_further_but_not_fall_further():
+    mask = torch.tensor([[True, True]])
+    grads = {}
+    for high in (None, 0.5):
+        logprobs = torch.tensor([[0.3, -0.3]], requires_grad=True)  # ratios 1.35 and 0.74
+        stats = clipped_policy_loss(logprobs, torch.zeros(1, 2), torch.tensor([[1.0]]), mask,
+                                    0.2, clip_eps_high=high)
+        stats.loss.backward()
+        grads[high] = (logprobs.grad[0].tolist(), stats.clip_fraction)
+    # clip_fraction counts ratios outside the band: both, then only 0.74 (1.35 is in [0.8, 1.5])
+    assert grads[None][0][0] == 0 and grads[None][1] == pytest.approx(1.0)
+    assert grads[0.5][0][0] < 0 and grads[0.5][1] == pytest.approx(0.5)
+    # a positive advantage on a ratio below 1 - eps is never clipped by PPO's min
+    assert grads[None][0][1] == grads[0.5][0][1] != 0
 
 
 def test_minus_infinity_outside_the_mask_stays_finite():

@@ -155,6 +155,23 @@ def test_an_entropy_bonus_moves_a_policy_that_has_no_signal(model_path, tmp_path
         assert (learning.step_kl > 0) == moves
 
 
+def test_adaptive_entropy_control_raises_the_bonus_only_below_the_target(model_path, tmp_path):
+    store = TrajectoryStore(str(tmp_path))
+    uniform = math.log(len(ACTIONS))  # the untrained policy is close to uniform
+    coefs = {}
+    for target in (uniform + 1, 0.01):  # always below / always above it
+        trainer = Trainer(model_path, learning_rate=1e-3)
+        algorithm = AlgorithmConfig(group_size=4, batch_size=4, minibatches=1,
+                                    entropy_target=target, entropy_coef_step=0.01)
+        coefs[target] = [
+            trainer.train_step(store, stored_group(trainer, store, f"g{target}.{step}",
+                                                   [1, 0, 0, 0]),
+                               algorithm, temperature=1.0).learning.entropy_coef
+            for step in range(3)]
+    assert coefs[uniform + 1] == pytest.approx([0.01, 0.02, 0.03])
+    assert coefs[0.01] == [0.0, 0.0, 0.0]
+
+
 def test_a_batch_without_signal_leaves_the_weights_as_they_were(model_path, tmp_path):
     """Adam's momentum would move them on a zero gradient, after any step that had signal."""
     trainer = Trainer(model_path, learning_rate=1e-3)

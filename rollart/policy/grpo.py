@@ -78,22 +78,37 @@ def clipped_policy_loss(
     loss_mask: torch.Tensor,
     clip_eps: float,
     weights: torch.Tensor | None = None,
+    aggregation: str = "token_mean",
+    clip_eps_high: float | None = None,
 ) -> LossStats:
     """PPO's clipped surrogate against the old (pre-step) policy over sampled tokens only
     (`loss_mask` zeroes observation and padding tokens), each token scaled by its off-policy
-    correction weight, averaged over the tokens of the batch."""
+    correction weight. `token_mean` averages over the batch's tokens, so a long failed episode
+    weighs more than a short one: with sparse rewards that teaches the policy to fail fast (walk
+    into a hole). `sequence_mean` averages each sequence over its own tokens first, so every
+    episode weighs the same whatever its length. `clip_eps_high` (DAPO's clip-higher) lets an
+    unlikely token that earned a positive advantage rise further than a likely one may fall,
+    which keeps a sparse-reward policy from collapsing onto its first habits."""
     # Unsampled positions may hold -inf (tokens outside a constrained mask): zero them out.
     logprobs = logprobs.masked_fill(~loss_mask, 0.0)
     old_logprobs = old_logprobs.masked_fill(~loss_mask, 0.0)
     mask = loss_mask.float() if weights is None else loss_mask.float() * weights
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = ratio * advantages
-    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + clip_eps) * advantages
+    high = clip_eps if clip_eps_high is None else clip_eps_high
+    clipped = torch.clamp(ratio, 1 - clip_eps, 1 + high) * advantages
     per_token = -torch.minimum(unclipped, clipped)
     tokens = int(loss_mask.sum().item())
     denominator = max(tokens, 1)
-    loss = (per_token * mask).sum() / denominator
-    was_clipped = (((ratio - 1).abs() > clip_eps) & loss_mask).float()
+    if aggregation == "sequence_mean":
+        lengths = loss_mask.sum(-1)
+        per_sequence = (per_token * mask).sum(-1) / lengths.clamp(min=1)
+        loss = per_sequence[lengths > 0].sum() / max(int((lengths > 0).sum().item()), 1)
+    elif aggregation == "token_mean":
+        loss = (per_token * mask).sum() / denominator
+    else:
+        raise ValueError(f"unknown loss aggregation {aggregation!r}")
+    was_clipped = (((ratio < 1 - clip_eps) | (ratio > 1 + high)) & loss_mask).float()
     return LossStats(loss, float(was_clipped.sum().item() / denominator), tokens)
 
 

@@ -99,6 +99,7 @@ class Trainer:
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.learning_rate,
                                            weight_decay=0.0)
         self.version = 0
+        self.adaptive_entropy_coef = 0.0
 
     def train_step(self, store: TrajectoryStore, samples: list[TrainSample],
                    algorithm: AlgorithmConfig, temperature: float,
@@ -132,12 +133,13 @@ class Trainer:
                     batch.old, batch.behaviour, batch.mask, algorithm.tis_cap,
                     algorithm.sequence_mask_threshold)
         heartbeat()
+        entropy_coef = self._entropy_coef(batches, algorithm)
         start = ([p.detach().clone() for p in self.model.parameters()]
                  if algorithm.target_kl is not None else None)
 
         losses, clip_fractions, tokens, grad_norm, stepped = [], [], 0, 0.0, False
         for batch in batches:
-            if not algorithm.entropy_coef and not bool((batch.advantages != 0).any()):
+            if not entropy_coef and not bool((batch.advantages != 0).any()):
                 # No gradient: an optimizer step would still move every weight along Adam's
                 # momentum (for ten steps and more after the last evidence), sharpening the
                 # policy on no data at all.
@@ -146,10 +148,12 @@ class Trainer:
                 continue
             logprobs, token_entropy = self._logprobs(batch, temperature)
             stats = clipped_policy_loss(logprobs, batch.old, batch.advantages, batch.mask,
-                                        algorithm.clip_eps, weights=batch.correction.weights)
+                                        algorithm.clip_eps, weights=batch.correction.weights,
+                                        aggregation=algorithm.loss_aggregation,
+                                        clip_eps_high=algorithm.clip_eps_high)
             loss = stats.loss
-            if algorithm.entropy_coef:
-                loss = loss - algorithm.entropy_coef * _masked_mean(token_entropy, batch.mask)
+            if entropy_coef:
+                loss = loss - entropy_coef * _masked_mean(token_entropy, batch.mask)
             self.optimizer.zero_grad(set_to_none=True)
             loss.backward()
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
@@ -167,7 +171,8 @@ class Trainer:
                                                       algorithm.target_kl)
         versions_by_group = [[s.sampled_versions for s in group] for group in groups]
         learning = learning_stats(batches, groups, versions_by_group, self.version, algorithm,
-                                  step_kl, kept, grad_norm)
+                                  step_kl, kept, grad_norm).model_copy(
+                                      update={"entropy_coef": entropy_coef})
         sampled_versions = [v for group in versions_by_group for v in group]
         sampled = max(sum(len(v) for v in sampled_versions), 1)
         stale = sum(v < self.version for versions in sampled_versions for v in versions)
@@ -195,6 +200,21 @@ class Trainer:
             learning=learning,
             seconds=time.perf_counter() - started,
         )
+
+    def _entropy_coef(self, batches: list[_Batch], algorithm: AlgorithmConfig) -> float:
+        """The entropy bonus's weight for this step. Under adaptive control (Skywork-OR1's) it
+        follows the pre-step entropy against `entropy_target`: a policy that has turned nearly
+        deterministic before it has found the reward stops exploring, and stale batches speed
+        that collapse up."""
+        if algorithm.entropy_target is None:
+            return algorithm.entropy_coef
+        tokens = sum(float(b.mask.sum()) for b in batches) or 1.0
+        entropy = sum(float((b.old_entropy * b.mask).sum()) for b in batches) / tokens
+        change = algorithm.entropy_coef_step if entropy < algorithm.entropy_target else (
+            -algorithm.entropy_coef_step)
+        self.adaptive_entropy_coef = max(self.adaptive_entropy_coef + change,
+                                         algorithm.entropy_coef)
+        return self.adaptive_entropy_coef
 
     def _tensors(self, sequences: list[Sequence], temperature: float) -> _Batch:
         length = max(len(s.token_ids) for s in sequences)
