@@ -1,0 +1,211 @@
+"""The learner alone: GRPO on the real Trainer over FrozenLake, sampled in process, no Temporal.
+
+A full run spends ~20 s of orchestration per iteration on 2 cores; here an iteration takes about
+one second, so questions about the algorithm (how many iterations to the target, what staleness
+does to it, which knob helps) get answers over many seeds in minutes. The trainer, its loss, its
+off-policy correction and its trust region are the real ones, and each batch is sampled from the
+same constrained temperature-1 distribution the engine samples from, but by the torch model
+(a copy kept per version) instead of vLLM. `lag` sets staleness exactly: every batch is sampled
+by the policy `lag` versions behind the trainer (alpha=1 async at its worst), which a real run
+only approximates. A learning figure: the real tiny model and trainer.
+
+Run: .venv/bin/python benchmarks/learning_lab.py [--seeds 5] [--iterations 30] [--variants ...]
+(writes results/learning_lab.json and learning_lab.md; --smoke: 2 iterations, nothing written;
+--trace: every step's figures printed, nothing written)
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.progress import Progress
+
+from rollart.blobs import LocalBlobs
+from rollart.config import AlgorithmConfig
+from rollart.contracts import TrainSample
+from rollart.envs.frozenlake import ACTIONS, FrozenLakeEnv
+from rollart.policy.model import default_model_dir, ensure_tiny_model
+from rollart.policy.trainer import Trainer
+from rollart.store import TrajectoryStore, TurnRecord
+
+HERE = Path(__file__).parent
+TARGET = 0.8
+MAX_TURNS = 10
+TEMPERATURE = 1.0
+# name -> (lag, AlgorithmConfig overrides); the first is the default run's algorithm, fresh.
+VARIANTS: dict[str, tuple[int, dict]] = {
+    "fresh": (0, {}),
+    "stale": (1, {}),
+    "stale, entropy_coef 0.01": (1, {"entropy_coef": 0.01}),
+    "stale, tis_cap 1": (1, {"tis_cap": 1.0}),
+    "stale, target_kl 0.02": (1, {"target_kl": 0.02}),
+    "stale, sequence_mean": (1, {"loss_aggregation": "sequence_mean"}),
+    "stale, clip_eps_high 0.28": (1, {"clip_eps_high": 0.28}),
+    "stale, entropy_target 0.5": (1, {"entropy_target": 0.5}),
+}
+console = Console()
+
+
+def sample_batch(model: torch.nn.Module, trainer: Trainer, algorithm: AlgorithmConfig,
+                 store: TrajectoryStore, version: int, iteration: int, seed: int,
+                 ) -> tuple[list[TrainSample], float]:
+    """One batch of episodes played by `model` together, one forward pass per turn; every
+    episode's context is the same length at each turn (observations are), so none is padded."""
+    tokenizer = trainer.tokenizer
+    action_ids = [tokenizer.encode(a, add_special_tokens=False)[0] for a in ACTIONS]
+    allowed = torch.tensor(action_ids)
+    size = algorithm.batch_size
+    envs = [FrozenLakeEnv() for _ in range(size)]
+    observations = [tokenizer.encode(env.reset(seed=seed)[0], add_special_tokens=False)
+                    for env in envs]
+    contexts = [list(ids) for ids in observations]
+    turns, rewards = [0] * size, [0.0] * size
+    generator = torch.Generator().manual_seed(seed * 100_003 + iteration)
+    ids = [f"s{seed}i{iteration}t{b}" for b in range(size)]
+    active = list(range(size))
+    for turn in range(MAX_TURNS):
+        if not active:
+            break
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([contexts[b] for b in active])).logits
+        log_p = torch.log_softmax(logits[:, -1, allowed].float() / TEMPERATURE, dim=-1)
+        choices = torch.multinomial(log_p.exp(), 1, generator=generator).squeeze(-1).tolist()
+        still = []
+        for row, (b, choice) in enumerate(zip(active, choices, strict=True)):
+            token = action_ids[choice]
+            store.write_turn(ids[b], TurnRecord(
+                turn=turn, observation_ids=observations[b], sampled_ids=[token],
+                logprobs=[float(log_p[row, choice])], versions=[version],
+                allowed_ids=action_ids))
+            turns[b] = turn + 1
+            result = envs[b].step(ACTIONS[choice])
+            contexts[b].append(token)
+            if result.terminated:
+                rewards[b] = result.reward
+            else:
+                observations[b] = tokenizer.encode(result.observation, add_special_tokens=False)
+                contexts[b] += observations[b]
+                still.append(b)
+        active = still
+    samples = [TrainSample(trajectory_id=ids[b], reward=rewards[b], turns=turns[b],
+                           group_id=f"s{seed}i{iteration}g{b // algorithm.group_size}")
+               for b in range(size)]
+    return samples, sum(r > 0 for r in rewards) / size
+
+
+def learn(model_path: str, algorithm: AlgorithmConfig, lag: int, seed: int,
+          iterations: int, trace: bool = False) -> list[float]:
+    """Success per iteration of one seed's run; `trace` prints what each step saw and did."""
+    trainer = Trainer(model_path, algorithm.learning_rate, seed=seed, threads=2)
+    versions = [copy.deepcopy(trainer.model).eval()]
+    curve = []
+    with tempfile.TemporaryDirectory() as store_dir:
+        store = TrajectoryStore(LocalBlobs(store_dir))
+        for iteration in range(iterations):
+            behaviour = versions[max(0, len(versions) - 1 - lag)]
+            samples, success = sample_batch(behaviour, trainer, algorithm, store,
+                                            max(0, trainer.version - lag), iteration, seed)
+            step = trainer.train_step(store, samples, algorithm, TEMPERATURE).learning
+            if trace:
+                turns = sum(sample.turns for sample in samples) / len(samples)
+                print(f"seed {seed} iteration {iteration}: success {success:.2f}, "
+                      f"turns {turns:.1f}, entropy {step.entropy:.2f}, step KL "
+                      f"{step.step_kl:.3f} (kept {step.step_kept:.2f}), ratio p05-p95 "
+                      f"{step.ratio_p05:.2f}-{step.ratio_p95:.2f}, truncated "
+                      f"{step.truncated_share:.2f}")
+            versions = [*versions, copy.deepcopy(trainer.model).eval()][-(lag + 1):]
+            curve.append(success)
+    return curve
+
+
+def summarize(curves: list[list[float]]) -> dict:
+    hits = [next((i for i, s in enumerate(c) if s >= TARGET), None) for c in curves]
+    reached = [h for h in hits if h is not None]
+    return {"seeds": len(curves), "seeds_reaching_target": len(reached),
+            "iterations_to_target": hits,
+            "median_iterations_to_target": statistics.median(reached) if reached else None,
+            "final_success": [round(c[-1], 3) for c in curves], "curves": curves}
+
+
+def main(args: argparse.Namespace) -> dict:
+    if args.hidden == 128 and args.layers == 2:
+        model_path = ensure_tiny_model(default_model_dir())
+    else:
+        model_path = ensure_tiny_model(
+            Path(tempfile.gettempdir()) / f"rollart-lab-model-{args.hidden}x{args.layers}",
+            hidden_size=args.hidden, layers=args.layers)
+    base = {"batch_size": 16, "group_size": 4, "minibatches": 1} if args.smoke else {}
+    variants = {k: VARIANTS[k] for k in args.variants}
+    results = {}
+    with Progress(console=console, transient=True) as progress:
+        task = progress.add_task("runs", total=len(variants) * len(args.seeds))
+        for name, (lag, overrides) in variants.items():
+            algorithm = AlgorithmConfig(**{**base, **overrides})
+            curves = []
+            for seed in args.seeds:
+                progress.update(task, description=f"{name}, seed {seed}")
+                curves.append(learn(str(model_path), algorithm, lag, seed, args.iterations,
+                                    args.trace))
+                progress.advance(task)
+            results[name] = {"lag": lag, "overrides": overrides, **summarize(curves)}
+    return {"target": TARGET, "iterations": args.iterations, "seeds": args.seeds,
+            "model": {"hidden_size": args.hidden, "layers": args.layers},
+            "batch_size": AlgorithmConfig(**base).batch_size, "variants": results}
+
+
+def report(results: dict, wall_s: float) -> str:
+    lines = [f"Success >= {results['target']} within {results['iterations']} iterations, seeds "
+             f"{results['seeds']}, model {results['model']['hidden_size']}x"
+             f"{results['model']['layers']}, batch {results['batch_size']} ({wall_s:.0f} s).",
+             "", "| variant | lag | reached | median iterations | iterations per seed |",
+             "|---|---:|---:|---:|---|"]
+    for name, r in results["variants"].items():
+        hits = ", ".join("-" if h is None else str(h) for h in r["iterations_to_target"])
+        lines.append(f"| {name} | {r['lag']} | {r['seeds_reaching_target']}/{r['seeds']} | "
+                     f"{r['median_iterations_to_target'] or '-'} | {hits} |")
+    return "\n".join(lines)
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 per variant")
+    parser.add_argument("--iterations", type=int, default=30)
+    parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
+    parser.add_argument("--hidden", type=int, default=128)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--trace", action="store_true",
+                        help="print every step's figures; writes nothing")
+    parser.add_argument("--smoke", action="store_true", help="2 iterations; writes nothing")
+    args = parser.parse_args()
+    args.seeds = list(range(args.seeds))
+    if args.smoke:
+        args.seeds, args.iterations, args.variants = [0], 2, ["fresh", "stale"]
+    return args
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    started = time.perf_counter()
+    outcome = main(arguments)
+    table = report(outcome, time.perf_counter() - started)
+    console.print(table)
+    if arguments.smoke or arguments.trace:
+        sys.exit(0)
+    (HERE / "results" / "learning_lab.json").write_text(json.dumps(outcome, indent=1))
+    (HERE / "learning_lab.md").write_text(
+        "# Learning lab\n\nCommand: `"
+        + " ".join([".venv/bin/python benchmarks/learning_lab.py", *sys.argv[1:]])
+        + "` (2-core x86_64, no GPU). A learning figure: "
+        "the real tiny model and trainer, batches sampled in process (see the script's "
+        "docstring); lag 1 samples every batch with the policy one version behind.\n\n"
+        + table + "\n")
+    print(f"wrote {HERE / 'results' / 'learning_lab.json'} and {HERE / 'learning_lab.md'}")
