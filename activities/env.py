@@ -11,6 +11,7 @@ import math
 import random
 import threading
 import time
+from datetime import UTC, datetime
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
@@ -122,8 +123,9 @@ class EnvActivities:
             )
         self._inject(request)
         with self._lock:
-            superseded = self.attempts.get(tid) != attempt or self.envs.get(tid) is not env
-        if superseded:  # retried (or the episode ended) while this attempt was held up
+            superseded = (self.attempts.get(tid) != attempt or self.envs.get(tid) is not env
+                          or _past_deadline())
+        if superseded:  # retried, timed out or the episode ended while this attempt was held up
             raise ApplicationError("env step attempt superseded", type="StepSuperseded")
         with env_lock:
             done = self.last_step.get(tid)
@@ -168,6 +170,17 @@ class EnvActivities:
         closer = getattr(env, "close", None)
         if closer is not None:
             closer()
+
+
+def _past_deadline() -> bool:
+    """Whether this attempt has outlived its start-to-close timeout: the server has failed it
+    already, and its trajectory may be failed and its env about to be released."""
+    if not activity.in_activity():
+        return False
+    info = activity.info()
+    if info.start_to_close_timeout is None or info.started_time is None:
+        return False
+    return datetime.now(UTC) > info.started_time + info.start_to_close_timeout
 
 
 def _check_size(observation: str, limit: int, where: str) -> None:

@@ -171,7 +171,8 @@ async def multitask(engine, base: dict, smoke: bool) -> dict:
                 task_queue=config.temporal.control_queue, result_type=TrainingStatus)
             status = await handle.result()
             results[name] = {domain: {
-                "initial": status.history[0].domains[domain].success_rate,
+                "initial": next(m.domains[domain].success_rate for m in status.history
+                                if domain in m.domains),
                 "final": statistics.fmean(m.domains[domain].success_rate
                                           for m in status.history[-3:] if domain in m.domains),
                 "curve": [m.domains[domain].success_rate if domain in m.domains else None
