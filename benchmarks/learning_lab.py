@@ -33,7 +33,7 @@ from rollart.blobs import LocalBlobs
 from rollart.config import AlgorithmConfig
 from rollart.contracts import TrainSample
 from rollart.envs.frozenlake import ACTIONS, FrozenLakeEnv
-from rollart.policy.model import default_model_dir, ensure_tiny_model
+from rollart.policy.model import ensure_tiny_model, resolve_model_path
 from rollart.policy.trainer import Trainer
 from rollart.store import TrajectoryStore, TurnRecord
 
@@ -137,8 +137,8 @@ def summarize(curves: list[list[float]]) -> dict:
 
 
 def main(args: argparse.Namespace) -> dict:
-    if args.hidden == 128 and args.layers == 2:
-        model_path = ensure_tiny_model(default_model_dir())
+    if (args.hidden, args.layers) == (128, 2):  # the default run's model
+        model_path = resolve_model_path(None)
     else:
         model_path = ensure_tiny_model(
             Path(tempfile.gettempdir()) / f"rollart-lab-model-{args.hidden}x{args.layers}",

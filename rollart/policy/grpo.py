@@ -83,12 +83,11 @@ def clipped_policy_loss(
 ) -> LossStats:
     """PPO's clipped surrogate against the old (pre-step) policy over sampled tokens only
     (`loss_mask` zeroes observation and padding tokens), each token scaled by its off-policy
-    correction weight. `token_mean` averages over the batch's tokens, so a long failed episode
-    weighs more than a short one: with sparse rewards that teaches the policy to fail fast (walk
-    into a hole). `sequence_mean` averages each sequence over its own tokens first, so every
-    episode weighs the same whatever its length. `clip_eps_high` (DAPO's clip-higher) lets an
-    unlikely token that earned a positive advantage rise further than a likely one may fall,
-    which keeps a sparse-reward policy from collapsing onto its first habits."""
+    correction weight. `token_mean` averages over the batch's tokens, so a long episode weighs
+    more than a short one; `sequence_mean` averages each sequence over its own tokens first, so
+    every episode weighs the same. `clip_eps_high` (DAPO's clip-higher) lets a token with a
+    positive advantage rise further than `clip_eps` before its gradient stops. Neither helped on
+    FrozenLake (benchmarks/learning_lab.md); they are there for tasks where they do."""
     # Unsampled positions may hold -inf (tokens outside a constrained mask): zero them out.
     logprobs = logprobs.masked_fill(~loss_mask, 0.0)
     old_logprobs = old_logprobs.masked_fill(~loss_mask, 0.0)

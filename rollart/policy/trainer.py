@@ -171,8 +171,7 @@ class Trainer:
                                                       algorithm.target_kl)
         versions_by_group = [[s.sampled_versions for s in group] for group in groups]
         learning = learning_stats(batches, groups, versions_by_group, self.version, algorithm,
-                                  step_kl, kept, grad_norm).model_copy(
-                                      update={"entropy_coef": entropy_coef})
+                                  step_kl, kept, grad_norm, entropy_coef)
         sampled_versions = [v for group in versions_by_group for v in group]
         sampled = max(sum(len(v) for v in sampled_versions), 1)
         stale = sum(v < self.version for versions in sampled_versions for v in versions)
@@ -208,10 +207,8 @@ class Trainer:
         that collapse up."""
         if algorithm.entropy_target is None:
             return algorithm.entropy_coef
-        tokens = sum(float(b.mask.sum()) for b in batches) or 1.0
-        entropy = sum(float((b.old_entropy * b.mask).sum()) for b in batches) / tokens
-        change = algorithm.entropy_coef_step if entropy < algorithm.entropy_target else (
-            -algorithm.entropy_coef_step)
+        below = _pre_step_entropy(batches) < algorithm.entropy_target
+        change = algorithm.entropy_coef_step if below else -algorithm.entropy_coef_step
         self.adaptive_entropy_coef = max(self.adaptive_entropy_coef + change,
                                          algorithm.entropy_coef)
         return self.adaptive_entropy_coef
@@ -330,15 +327,20 @@ def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return (values * mask).sum() / mask.sum().clamp(min=1)
 
 
+def _pre_step_entropy(batches: list[_Batch]) -> float:
+    """Mean entropy per sampled token under the pre-step policy."""
+    entropies = torch.cat([b.old_entropy[b.mask] for b in batches])
+    return float(entropies.mean()) if entropies.numel() else 0.0
+
+
 def learning_stats(batches: list[_Batch], groups: list[list[Sequence]],
                    versions_by_group: list[list[list[int]]], version: int,
                    algorithm: AlgorithmConfig, step_kl: float, step_kept: float,
-                   grad_norm: float) -> LearningStats:
+                   grad_norm: float, entropy_coef: float) -> LearningStats:
     """What a step saw and did, fresh groups (sampled by the pre-step version) apart from stale
     ones: the figures that tell a collapse from bad luck."""
     log_ratio = torch.cat([(b.old - b.behaviour)[b.mask] for b in batches])
     ratio = log_ratio.exp()
-    entropies = torch.cat([b.old_entropy[b.mask] for b in batches])
     quantiles = torch.tensor([0.05, 0.5, 0.95])
     ratio_q = torch.quantile(ratio, quantiles).tolist() if ratio.numel() else [0.0] * 3
     cap = algorithm.tis_cap
@@ -354,7 +356,8 @@ def learning_stats(batches: list[_Batch], groups: list[list[Sequence]],
         step_kl=step_kl,
         step_kept=step_kept,
         grad_norm=grad_norm,
-        entropy=float(entropies.mean()) if entropies.numel() else 0.0,
+        entropy=_pre_step_entropy(batches),
+        entropy_coef=entropy_coef,
         ratio_p05=ratio_q[0], ratio_p50=ratio_q[1], ratio_p95=ratio_q[2],
         truncated_share=float((ratio > cap).float().mean()) if cap and ratio.numel() else 0.0,
         low_weight_share=float((ratio < 0.5).float().mean()) if ratio.numel() else 0.0,
