@@ -1,17 +1,19 @@
 """The learner alone: GRPO on the real Trainer over FrozenLake, sampled in process, no Temporal.
 
-A full run spends ~20 s of orchestration per iteration on 2 cores; here an iteration takes about
-one second, so questions about the algorithm (how many iterations to the target, what staleness
-does to it, which knob helps) get answers over many seeds in minutes. The trainer, its loss, its
-off-policy correction and its trust region are the real ones, and each batch is sampled from the
-same constrained temperature-1 distribution the engine samples from, but by the torch model
-(a copy kept per version) instead of vLLM. `lag` sets staleness exactly: every batch is sampled
-by the policy `lag` versions behind the trainer (alpha=1 async at its worst), which a real run
-only approximates. A learning figure: the real tiny model and trainer.
+A full run spends ~13 s per iteration on 2 cores, mostly orchestration; here an iteration
+takes about one second, so questions about the algorithm (how many iterations to the target,
+what staleness does to it, which knob helps) get answers over many seeds in minutes. The
+trainer, its loss, its off-policy correction and its trust region are the real ones, and each
+batch is sampled from the same constrained temperature-1 distribution the engine samples from,
+but by the torch model (a copy kept per version) instead of vLLM. Staleness is exact: a
+variant's share of each batch's groups is sampled by the policy `lag` versions behind the
+trainer (all of them: alpha-1 async at its worst; 0.65: about what a real alpha-1 run trains
+on), the rest by the current one. A learning figure: the real tiny model and trainer.
 
 Run: .venv/bin/python benchmarks/learning_lab.py [--seeds 5] [--iterations 30] [--variants ...]
-(writes results/learning_lab.json and learning_lab.md; --smoke: 2 iterations, nothing written;
---trace: every step's figures printed, nothing written)
+[--keep] (writes results/learning_lab.json and learning_lab.md; --keep adds the variants run to
+the written ones; --smoke: 2 iterations, nothing written; --trace: every step's figures
+printed, nothing written)
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import random
 import statistics
 import sys
 import tempfile
@@ -41,29 +44,40 @@ HERE = Path(__file__).parent
 TARGET = 0.8
 MAX_TURNS = 10
 TEMPERATURE = 1.0
-# name -> (lag, AlgorithmConfig overrides); the first is the default run's algorithm, fresh.
-VARIANTS: dict[str, tuple[int, dict]] = {
-    "fresh": (0, {}),
-    "stale": (1, {}),
-    "stale, entropy_coef 0.01": (1, {"entropy_coef": 0.01}),
-    "stale, tis_cap 1": (1, {"tis_cap": 1.0}),
-    "stale, target_kl 0.02": (1, {"target_kl": 0.02}),
-    "stale, sequence_mean": (1, {"loss_aggregation": "sequence_mean"}),
-    "stale, clip_eps_high 0.28": (1, {"clip_eps_high": 0.28}),
-    "stale, entropy_target 0.5": (1, {"entropy_target": 0.5}),
+# name -> (lag, stale share, AlgorithmConfig overrides): that share of each batch's groups is
+# sampled `lag` versions behind, the rest by the trainer's current version. A real alpha-1 run
+# trains on batches 0.64-0.70 stale; the first variant is the default run's algorithm, fresh.
+VARIANTS: dict[str, tuple[int, float, dict]] = {
+    "fresh": (0, 0.0, {}),
+    "stale": (1, 1.0, {}),
+    "stale, entropy_coef 0.01": (1, 1.0, {"entropy_coef": 0.01}),
+    "stale, tis_cap 1": (1, 1.0, {"tis_cap": 1.0}),
+    "stale, target_kl 0.02": (1, 1.0, {"target_kl": 0.02}),
+    "stale, sequence_mean": (1, 1.0, {"loss_aggregation": "sequence_mean"}),
+    "stale, clip_eps_high 0.28": (1, 1.0, {"clip_eps_high": 0.28}),
+    "stale, entropy_target 0.5": (1, 1.0, {"entropy_target": 0.5}),
+    "stale, target_kl_lag_power 1": (1, 1.0, {"target_kl_lag_power": 1.0}),
+    "stale, target_kl_lag_power 2": (1, 1.0, {"target_kl_lag_power": 2.0}),
+    "mixed 0.65": (1, 0.65, {}),
+    "mixed 0.65, target_kl_lag_power 2": (1, 0.65, {"target_kl_lag_power": 2.0}),
+    "fresh, batch 32": (0, 0.0, {"batch_size": 32}),
+    "mixed 0.65, batch 32": (1, 0.65, {"batch_size": 32}),
+    "lag 2": (2, 1.0, {}),
+    "lag 2, target_kl_lag_power 2": (2, 1.0, {"target_kl_lag_power": 2.0}),
 }
 console = Console()
 
 
-def sample_batch(model: torch.nn.Module, trainer: Trainer, algorithm: AlgorithmConfig,
-                 store: TrajectoryStore, version: int, iteration: int, seed: int,
+def sample_batch(policies: list[tuple[torch.nn.Module, int]], trainer: Trainer,
+                 algorithm: AlgorithmConfig, store: TrajectoryStore, iteration: int, seed: int,
                  ) -> tuple[list[TrainSample], float]:
-    """One batch of episodes played by `model` together, one forward pass per turn; every
-    episode's context is the same length at each turn (observations are), so none is padded."""
+    """One batch of episodes, group g played by policies[g] (a model and its version), one
+    forward pass per model and turn; every episode's context is the same length at each turn
+    (observations are), so none is padded."""
     tokenizer = trainer.tokenizer
     action_ids = [tokenizer.encode(a, add_special_tokens=False)[0] for a in ACTIONS]
     allowed = torch.tensor(action_ids)
-    size = algorithm.batch_size
+    size, group = algorithm.batch_size, algorithm.group_size
     envs = [FrozenLakeEnv() for _ in range(size)]
     observations = [tokenizer.encode(env.reset(seed=seed)[0], add_special_tokens=False)
                     for env in envs]
@@ -75,16 +89,22 @@ def sample_batch(model: torch.nn.Module, trainer: Trainer, algorithm: AlgorithmC
     for turn in range(MAX_TURNS):
         if not active:
             break
-        with torch.no_grad():
-            logits = model(input_ids=torch.tensor([contexts[b] for b in active])).logits
-        log_p = torch.log_softmax(logits[:, -1, allowed].float() / TEMPERATURE, dim=-1)
+        log_p = torch.empty(len(active), len(action_ids))
+        for model in {id(m): m for m, _ in policies}.values():
+            rows = [r for r, b in enumerate(active) if policies[b // group][0] is model]
+            if rows:
+                with torch.no_grad():
+                    logits = model(input_ids=torch.tensor([contexts[active[r]] for r in rows])
+                                   ).logits
+                log_p[rows] = torch.log_softmax(logits[:, -1, allowed].float() / TEMPERATURE,
+                                                dim=-1)
         choices = torch.multinomial(log_p.exp(), 1, generator=generator).squeeze(-1).tolist()
         still = []
         for row, (b, choice) in enumerate(zip(active, choices, strict=True)):
             token = action_ids[choice]
             store.write_turn(ids[b], TurnRecord(
                 turn=turn, observation_ids=observations[b], sampled_ids=[token],
-                logprobs=[float(log_p[row, choice])], versions=[version],
+                logprobs=[float(log_p[row, choice])], versions=[policies[b // group][1]],
                 allowed_ids=action_ids))
             turns[b] = turn + 1
             result = envs[b].step(ACTIONS[choice])
@@ -97,13 +117,13 @@ def sample_batch(model: torch.nn.Module, trainer: Trainer, algorithm: AlgorithmC
                 still.append(b)
         active = still
     samples = [TrainSample(trajectory_id=ids[b], reward=rewards[b], turns=turns[b],
-                           group_id=f"s{seed}i{iteration}g{b // algorithm.group_size}")
+                           group_id=f"s{seed}i{iteration}g{b // group}")
                for b in range(size)]
     return samples, sum(r > 0 for r in rewards) / size
 
 
-def learn(model_path: str, algorithm: AlgorithmConfig, lag: int, seed: int,
-          iterations: int, trace: bool = False) -> list[float]:
+def learn(model_path: str, algorithm: AlgorithmConfig, lag: int, stale_share: float,
+          seed: int, iterations: int, trace: bool = False) -> list[float]:
     """Success per iteration of one seed's run; `trace` prints what each step saw and did."""
     trainer = Trainer(model_path, algorithm.learning_rate, seed=seed, threads=2)
     versions = [copy.deepcopy(trainer.model).eval()]
@@ -111,13 +131,18 @@ def learn(model_path: str, algorithm: AlgorithmConfig, lag: int, seed: int,
     with tempfile.TemporaryDirectory() as store_dir:
         store = TrajectoryStore(LocalBlobs(store_dir))
         for iteration in range(iterations):
-            behaviour = versions[max(0, len(versions) - 1 - lag)]
-            samples, success = sample_batch(behaviour, trainer, algorithm, store,
-                                            max(0, trainer.version - lag), iteration, seed)
+            pick = random.Random(seed * 7919 + iteration)
+            fresh = (versions[-1], trainer.version)
+            stale = (versions[max(0, len(versions) - 1 - lag)], max(0, trainer.version - lag))
+            policies = [stale if pick.random() < stale_share else fresh
+                        for _ in range(algorithm.groups_per_batch)]
+            samples, success = sample_batch(policies, trainer, algorithm, store, iteration,
+                                            seed)
             step = trainer.train_step(store, samples, algorithm, TEMPERATURE).learning
             if trace:
                 turns = sum(sample.turns for sample in samples) / len(samples)
-                print(f"seed {seed} iteration {iteration}: success {success:.2f}, "
+                print(f"seed {seed} iteration {iteration}: success {success:.2f}, lag "
+                      f"{step.mean_lag:.2f}, "
                       f"turns {turns:.1f}, entropy {step.entropy:.2f}, step KL "
                       f"{step.step_kl:.3f} (kept {step.step_kept:.2f}), ratio p05-p95 "
                       f"{step.ratio_p05:.2f}-{step.ratio_p95:.2f}, truncated "
@@ -148,29 +173,43 @@ def main(args: argparse.Namespace) -> dict:
     results = {}
     with Progress(console=console, transient=True) as progress:
         task = progress.add_task("runs", total=len(variants) * len(args.seeds))
-        for name, (lag, overrides) in variants.items():
+        for name, (lag, stale_share, overrides) in variants.items():
             algorithm = AlgorithmConfig(**{**base, **overrides})
             curves = []
             for seed in args.seeds:
                 progress.update(task, description=f"{name}, seed {seed}")
-                curves.append(learn(str(model_path), algorithm, lag, seed, args.iterations,
-                                    args.trace))
+                curves.append(learn(str(model_path), algorithm, lag, stale_share, seed,
+                                    args.iterations, args.trace))
                 progress.advance(task)
-            results[name] = {"lag": lag, "overrides": overrides, **summarize(curves)}
+            results[name] = {"lag": lag, "stale_share": stale_share, "overrides": overrides,
+                             "iterations": args.iterations, **summarize(curves)}
     return {"target": TARGET, "iterations": args.iterations, "seeds": args.seeds,
             "model": {"hidden_size": args.hidden, "layers": args.layers},
             "batch_size": AlgorithmConfig(**base).batch_size, "variants": results}
 
 
-def report(results: dict, wall_s: float) -> str:
-    lines = [f"Success >= {results['target']} within {results['iterations']} iterations, seeds "
+def merged(previous: dict, new: dict) -> dict:
+    """`new`'s variants over `previous`'s, in VARIANTS order; both must share seeds and model."""
+    for key in ("target", "seeds", "model"):
+        if previous.get(key) != new[key]:
+            raise SystemExit(f"--keep: the kept results have {key} {previous.get(key)}, this run "
+                             f"{new[key]}; rerun every variant instead")
+    variants = {**previous["variants"], **new["variants"]}
+    return {**new, "variants": {k: variants[k] for k in VARIANTS if k in variants}}
+
+
+def report(results: dict) -> str:
+    lines = [f"Success >= {results['target']} within each variant's iterations, seeds "
              f"{results['seeds']}, model {results['model']['hidden_size']}x"
-             f"{results['model']['layers']}, batch {results['batch_size']} ({wall_s:.0f} s).",
-             "", "| variant | lag | reached | median iterations | iterations per seed |",
-             "|---|---:|---:|---:|---|"]
+             f"{results['model']['layers']}, batch {results['batch_size']} unless the variant "
+             "says otherwise.", "",
+             "| variant | lag | stale share | iterations | reached | median iterations | "
+             "iterations per seed |", "|---|---:|---:|---:|---:|---:|---|"]
     for name, r in results["variants"].items():
         hits = ", ".join("-" if h is None else str(h) for h in r["iterations_to_target"])
-        lines.append(f"| {name} | {r['lag']} | {r['seeds_reaching_target']}/{r['seeds']} | "
+        lines.append(f"| {name} | {r['lag']} | {r.get('stale_share', float(r['lag'] > 0))} | "
+                     f"{r.get('iterations', results['iterations'])} | "
+                     f"{r['seeds_reaching_target']}/{r['seeds']} | "
                      f"{r['median_iterations_to_target'] or '-'} | {hits} |")
     return "\n".join(lines)
 
@@ -185,6 +224,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--trace", action="store_true",
                         help="print every step's figures; writes nothing")
     parser.add_argument("--smoke", action="store_true", help="2 iterations; writes nothing")
+    parser.add_argument("--keep", action="store_true",
+                        help="merge into the written results (same seeds and model) instead of "
+                        "replacing them")
     args = parser.parse_args()
     args.seeds = list(range(args.seeds))
     if args.smoke:
@@ -196,16 +238,22 @@ if __name__ == "__main__":
     arguments = parse_args()
     started = time.perf_counter()
     outcome = main(arguments)
-    table = report(outcome, time.perf_counter() - started)
-    console.print(table)
+    console.print(report(outcome))
+    console.print(f"{time.perf_counter() - started:.0f} s")
     if arguments.smoke or arguments.trace:
         sys.exit(0)
-    (HERE / "results" / "learning_lab.json").write_text(json.dumps(outcome, indent=1))
+    written = HERE / "results" / "learning_lab.json"
+    command = " ".join([".venv/bin/python benchmarks/learning_lab.py", *sys.argv[1:]])
+    outcome["commands"] = [command]
+    if arguments.keep and written.exists():
+        previous = json.loads(written.read_text())
+        outcome = merged(previous, outcome)
+        outcome["commands"] = [*previous.get("commands", []), command]
+    written.write_text(json.dumps(outcome, indent=1))
     (HERE / "learning_lab.md").write_text(
-        "# Learning lab\n\nCommand: `"
-        + " ".join([".venv/bin/python benchmarks/learning_lab.py", *sys.argv[1:]])
-        + "` (2-core x86_64, no GPU). A learning figure: "
-        "the real tiny model and trainer, batches sampled in process (see the script's "
-        "docstring); lag 1 samples every batch with the policy one version behind.\n\n"
-        + table + "\n")
-    print(f"wrote {HERE / 'results' / 'learning_lab.json'} and {HERE / 'learning_lab.md'}")
+        "# Learning lab\n\nCommands (2-core x86_64, no GPU; with --keep a run adds its variants "
+        "to the kept ones):\n\n" + "".join(f"- `{c}`\n" for c in outcome["commands"])
+        + "\nA learning figure: the real tiny model and trainer, batches sampled in process "
+        "(see the script's docstring); a variant's stale share of each batch's groups is "
+        "sampled by the policy `lag` versions behind the trainer.\n\n" + report(outcome) + "\n")
+    print(f"wrote {written} and {HERE / 'learning_lab.md'}")

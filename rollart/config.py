@@ -184,6 +184,11 @@ class AlgorithmConfig(StrictModel):
     target_kl: float | None = Field(
         0.05, gt=0, description="Trust region: a step that moves the policy further than this "
         "KL (pre-step to post-step, on the batch's tokens) is pulled back along its direction.")
+    target_kl_lag_power: float = Field(
+        0.0, ge=0, description="Shrink the trust region on stale data: the step's KL budget is "
+        "target_kl / (1 + mean lag) ** this, the lag being how many versions behind the trainer "
+        "each sampled token's policy was (0: every batch gets target_kl; 2: the step's length "
+        "falls as 1 / (1 + lag), delayed SGD's stable step).")
     sequence_mask_threshold: float | None = Field(
         None, gt=0, description="Drop a sequence whose mean |log(pi_old / pi_behaviour)| exceeds "
         "this (sequence-level mask); None keeps all."

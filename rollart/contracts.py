@@ -246,6 +246,8 @@ class LearningStats(BaseModel):
     luck. Ratios are pi_old / pi_behaviour on sampled tokens (old: the trainer before the step);
     a group is stale when some of its tokens were sampled by an older version than that."""
 
+    mean_lag: float = Field(0.0, description="Versions between the trainer and the policy that "
+                            "sampled a token, averaged over sampled tokens.")
     step_kl: float = Field(description="k3 estimate of KL(pre-step || post-step) on the batch.")
     step_kept: float = Field(1.0, description="Share of the optimizer's step kept (trust region).")
     grad_norm: float

@@ -140,6 +140,25 @@ def test_a_trust_region_pulls_a_large_step_back(model_path, tmp_path):
     assert 0 < steps[0.01].step_kept < 1
 
 
+def test_stale_tokens_shrink_the_trust_region_by_their_lag(model_path, tmp_path):
+    """Tokens sampled two versions behind the trainer: with target_kl_lag_power 2 the step's
+    budget is target_kl / 3 ** 2."""
+    store = TrajectoryStore(str(tmp_path))
+    steps = {}
+    for power in (0.0, 2.0):
+        trainer = Trainer(model_path, learning_rate=1e-3)
+        trainer.version = 3
+        samples = stored_group(trainer, store, f"g{power}", [1, 0, 0, 0], version=1)
+        algorithm = AlgorithmConfig(group_size=4, batch_size=4, minibatches=1,
+                                    learning_rate=1e-2, target_kl=0.09,
+                                    target_kl_lag_power=power)
+        steps[power] = trainer.train_step(store, samples, algorithm, temperature=1.0).learning
+    assert steps[0.0].mean_lag == steps[2.0].mean_lag == 2
+    assert steps[0.0].step_kl > 0.015
+    assert steps[2.0].step_kl <= 1.5 * 0.09 / 9
+    assert steps[2.0].step_kept < steps[0.0].step_kept
+
+
 def test_an_entropy_bonus_moves_a_policy_that_has_no_signal(model_path, tmp_path):
     store = TrajectoryStore(str(tmp_path))
     for coef, moves in ((0.0, False), (0.1, True)):

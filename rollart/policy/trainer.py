@@ -165,16 +165,18 @@ class Trainer:
             tokens += stats.tokens
             heartbeat()
 
-        step_kl, kept = (self._step_kl(batches, temperature) if stepped else 0.0), 1.0
-        if stepped and start is not None:
-            step_kl, kept = self._within_trust_region(batches, temperature, start, step_kl,
-                                                      algorithm.target_kl)
         versions_by_group = [[s.sampled_versions for s in group] for group in groups]
-        learning = learning_stats(batches, groups, versions_by_group, self.version, algorithm,
-                                  step_kl, kept, grad_norm, entropy_coef)
         sampled_versions = [v for group in versions_by_group for v in group]
         sampled = max(sum(len(v) for v in sampled_versions), 1)
         stale = sum(v < self.version for versions in sampled_versions for v in versions)
+        step_kl, kept = (self._step_kl(batches, temperature) if stepped else 0.0), 1.0
+        if stepped and start is not None:
+            budget = algorithm.target_kl / (1 + _mean_lag(versions_by_group, self.version)
+                                            ) ** algorithm.target_kl_lag_power
+            step_kl, kept = self._within_trust_region(batches, temperature, start, step_kl,
+                                                      budget)
+        learning = learning_stats(batches, groups, versions_by_group, self.version, algorithm,
+                                  step_kl, kept, grad_norm, entropy_coef)
         weight = [b.mask.sum().item() for b in batches]
 
         def token_mean(field: str) -> float:
@@ -333,6 +335,12 @@ def _pre_step_entropy(batches: list[_Batch]) -> float:
     return float(entropies.mean()) if entropies.numel() else 0.0
 
 
+def _mean_lag(versions_by_group: list[list[list[int]]], version: int) -> float:
+    """How many versions behind `version` the policy that sampled a token was, on average."""
+    lags = [version - v for group in versions_by_group for sequence in group for v in sequence]
+    return sum(lags) / max(len(lags), 1)
+
+
 def learning_stats(batches: list[_Batch], groups: list[list[Sequence]],
                    versions_by_group: list[list[list[int]]], version: int,
                    algorithm: AlgorithmConfig, step_kl: float, step_kept: float,
@@ -353,6 +361,7 @@ def learning_stats(batches: list[_Batch], groups: list[list[Sequence]],
         return sum(any(s.advantage != 0 for s in g) for g in part)
 
     return LearningStats(
+        mean_lag=_mean_lag(versions_by_group, version),
         step_kl=step_kl,
         step_kept=step_kept,
         grad_norm=grad_norm,
