@@ -70,10 +70,14 @@ FINDINGS = [
     "second by default, so every activity and workflow task waited ~35 ms before dispatch: a "
     "no-op activity one after another took 87 ms, 18 ms with "
     "`history.transferProcessorMaxPollRPS = 1000` (rollart.workers.devserver).",
-    "vLLM busy-loops a second after every message between its engine core and worker: its "
-    "worker used 28 ms of CPU per request at one request every 20 ms, 7 ms sleeping in 1 ms "
-    "slices (`engine.poll_ms`); latency 8.2 -> 10.4 ms per request. Sleeping on vLLM's own "
-    "notification alone lost wake-ups (1.9 s per request), hence the slices.",
+    "vLLM on a CPU host runs the model in a worker process of its own by default, whose "
+    "shared-memory queue to the engine core busy-loops a second after every message: that "
+    "worker used 28 ms of CPU per request at one request every 20 ms (7 ms when it slept in "
+    "1 ms slices, the first fix). Now the model runs in the engine core's process (the "
+    "\"uni\" executor; rollart.policy.engine): one request every 20 ms, engine and frontend "
+    "together, 15.5 -> 9.9 ms of CPU and 13.1 -> 9.0 ms median latency per request, and the "
+    "engine serves its first token 24 s after start instead of 40 s (one process fewer to "
+    "import torch and vLLM).",
     "Workflow sandbox: 24% of the control worker's samples (py-spy) ran inside it; off by "
     "default now (`temporal.workflow_sandbox`), on in the tests: control 23.9 -> 15.6 ms of "
     "CPU per turn.",

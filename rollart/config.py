@@ -33,11 +33,6 @@ class EngineConfig(StrictModel):
     kv_cache_mib: int = Field(256, ge=16, description="KV cache size per replica (MiB).")
     max_num_seqs: int = Field(128, ge=1)
     enforce_eager: bool = True
-    poll_ms: int | None = Field(
-        1, ge=1, description="vLLM's engine processes wait for each other's messages by "
-        "sleeping in slices of this many ms. vLLM's own way (None here) busy-loops for a second "
-        "after every message, which holds a core per process while a rollout runs: on a CPU "
-        "host those cores are the trainer's and the server's.")
 
 
 class SamplingConfig(StrictModel):

@@ -123,9 +123,10 @@ async def test_a_request_in_flight_continues_under_the_new_version(engine, model
 
 @pytest.mark.asyncio(loop_scope="session")
 async def test_an_engine_serving_now_and_then_does_not_hold_a_core(engine):
-    """vLLM's processes busy-loop for a second after each message by default, so an engine
-    that serves a request every 20 ms holds a core per process (measured: its worker used 28 ms
-    of CPU per such request); with engine.poll_ms they sleep between polls (7 ms)."""
+    """vLLM's separate worker process busy-loops for a second after each message on its
+    shared-memory queue, so an engine that serves a request every 20 ms held a core (measured:
+    that worker used 28 ms of CPU per such request); the model runs in the engine core's
+    process instead, which waits on its socket."""
     import psutil
 
     engine_processes = [p for p in psutil.Process().children(recursive=True)

@@ -14,7 +14,6 @@ import uuid
 from dataclasses import dataclass, field
 
 from rollart.config import EngineConfig
-from rollart.policy.vllm_plugin import POLL_ENV
 
 
 @dataclass
@@ -55,8 +54,13 @@ class PolicyEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        if self.config.poll_ms is not None:
-            os.environ[POLL_ENV] = str(self.config.poll_ms)
+        # The model runs in the engine core's own process ("uni"): vLLM's CPU platform allows
+        # that only with this variable off, and forces a separate worker process otherwise,
+        # whose shared-memory queue busy-loops after every message and whose start costs ~15 s.
+        # AsyncLLM still runs the engine core out of this process. One OpenMP thread, as the
+        # separate worker was bound to one core.
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        os.environ["OMP_NUM_THREADS"] = "1"
         args = AsyncEngineArgs(
             model=self.model_path,
             dtype="float32",
@@ -69,6 +73,7 @@ class PolicyEngine:
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
             worker_extension_cls="rollart.policy.vllm_extension.WeightSyncExtension",
+            distributed_executor_backend="uni",
         )
         self.llm = AsyncLLM.from_engine_args(args)
         return self
