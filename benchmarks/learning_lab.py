@@ -22,6 +22,7 @@ import argparse
 import copy
 import json
 import random
+import shlex
 import statistics
 import sys
 import tempfile
@@ -59,7 +60,9 @@ VARIANTS: dict[str, tuple[int, float, dict]] = {
     "stale, target_kl_lag_power 1": (1, 1.0, {"target_kl_lag_power": 1.0}),
     "stale, target_kl_lag_power 2": (1, 1.0, {"target_kl_lag_power": 2.0}),
     "mixed 0.65": (1, 0.65, {}),
+    "mixed 0.65, target_kl_lag_power 1": (1, 0.65, {"target_kl_lag_power": 1.0}),
     "mixed 0.65, target_kl_lag_power 2": (1, 0.65, {"target_kl_lag_power": 2.0}),
+    "mixed 0.65, entropy_coef 0.01": (1, 0.65, {"entropy_coef": 0.01}),
     "fresh, batch 32": (0, 0.0, {"batch_size": 32}),
     "mixed 0.65, batch 32": (1, 0.65, {"batch_size": 32}),
     "lag 2": (2, 1.0, {}),
@@ -243,7 +246,7 @@ if __name__ == "__main__":
     if arguments.smoke or arguments.trace:
         sys.exit(0)
     written = HERE / "results" / "learning_lab.json"
-    command = " ".join([".venv/bin/python benchmarks/learning_lab.py", *sys.argv[1:]])
+    command = shlex.join([".venv/bin/python", "benchmarks/learning_lab.py", *sys.argv[1:]])
     outcome["commands"] = [command]
     if arguments.keep and written.exists():
         previous = json.loads(written.read_text())
