@@ -8,9 +8,11 @@ allowed-token mask and temperature), which is what the trainer's importance rati
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import time
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from rollart.config import EngineConfig
@@ -37,6 +39,27 @@ class _InFlight:
     switches: list[tuple[int, int]] = field(default_factory=list)  # (token index, new version)
 
 
+@contextlib.contextmanager
+def _engine_core_environment() -> Iterator[None]:
+    """While the engine core starts: the model runs in its own process ("uni"), which vLLM's
+    CPU platform allows only with multiprocessing off (AsyncLLM still runs the engine core
+    apart from this process); otherwise it forces a separate worker process, whose
+    shared-memory queue busy-loops after every message and whose start costs ~15 s. One OpenMP
+    thread, as that worker was bound to one core. Restored after, so processes this one starts
+    later do not inherit them."""
+    values = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
+    before = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
 class PolicyEngine:
     def __init__(self, model_path: str, config: EngineConfig, seed: int = 0) -> None:
         self.model_path = model_path
@@ -54,13 +77,6 @@ class PolicyEngine:
         from vllm.v1.engine.async_llm import AsyncLLM
 
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
-        # The model runs in the engine core's own process ("uni"): vLLM's CPU platform allows
-        # that only with this variable off, and forces a separate worker process otherwise,
-        # whose shared-memory queue busy-loops after every message and whose start costs ~15 s.
-        # AsyncLLM still runs the engine core out of this process. One OpenMP thread, as the
-        # separate worker was bound to one core.
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-        os.environ["OMP_NUM_THREADS"] = "1"
         args = AsyncEngineArgs(
             model=self.model_path,
             dtype="float32",
@@ -75,7 +91,8 @@ class PolicyEngine:
             worker_extension_cls="rollart.policy.vllm_extension.WeightSyncExtension",
             distributed_executor_backend="uni",
         )
-        self.llm = AsyncLLM.from_engine_args(args)
+        with _engine_core_environment():
+            self.llm = AsyncLLM.from_engine_args(args)
         return self
 
     def shutdown(self) -> None:
