@@ -210,8 +210,7 @@ def report(results: dict) -> str:
              "iterations per seed |", "|---|---:|---:|---:|---:|---:|---|"]
     for name, r in results["variants"].items():
         hits = ", ".join("-" if h is None else str(h) for h in r["iterations_to_target"])
-        lines.append(f"| {name} | {r['lag']} | {r.get('stale_share', float(r['lag'] > 0))} | "
-                     f"{r.get('iterations', results['iterations'])} | "
+        lines.append(f"| {name} | {r['lag']} | {r['stale_share']} | {r['iterations']} | "
                      f"{r['seeds_reaching_target']}/{r['seeds']} | "
                      f"{r['median_iterations_to_target'] or '-'} | {hits} |")
     return "\n".join(lines)

@@ -169,14 +169,14 @@ class Trainer:
         sampled_versions = [v for group in versions_by_group for v in group]
         sampled = max(sum(len(v) for v in sampled_versions), 1)
         stale = sum(v < self.version for versions in sampled_versions for v in versions)
+        mean_lag = _mean_lag(versions_by_group, self.version)
         step_kl, kept = (self._step_kl(batches, temperature) if stepped else 0.0), 1.0
         if stepped and start is not None:
-            budget = algorithm.target_kl / (1 + _mean_lag(versions_by_group, self.version)
-                                            ) ** algorithm.target_kl_lag_power
+            budget = algorithm.target_kl / (1 + mean_lag) ** algorithm.target_kl_lag_power
             step_kl, kept = self._within_trust_region(batches, temperature, start, step_kl,
                                                       budget)
         learning = learning_stats(batches, groups, versions_by_group, self.version, algorithm,
-                                  step_kl, kept, grad_norm, entropy_coef)
+                                  step_kl, kept, grad_norm, entropy_coef, mean_lag)
         weight = [b.mask.sum().item() for b in batches]
 
         def token_mean(field: str) -> float:
@@ -344,7 +344,7 @@ def _mean_lag(versions_by_group: list[list[list[int]]], version: int) -> float:
 def learning_stats(batches: list[_Batch], groups: list[list[Sequence]],
                    versions_by_group: list[list[list[int]]], version: int,
                    algorithm: AlgorithmConfig, step_kl: float, step_kept: float,
-                   grad_norm: float, entropy_coef: float) -> LearningStats:
+                   grad_norm: float, entropy_coef: float, mean_lag: float) -> LearningStats:
     """What a step saw and did, fresh groups (sampled by the pre-step version) apart from stale
     ones: the figures that tell a collapse from bad luck."""
     log_ratio = torch.cat([(b.old - b.behaviour)[b.mask] for b in batches])
@@ -361,7 +361,7 @@ def learning_stats(batches: list[_Batch], groups: list[list[Sequence]],
         return sum(any(s.advantage != 0 for s in g) for g in part)
 
     return LearningStats(
-        mean_lag=_mean_lag(versions_by_group, version),
+        mean_lag=mean_lag,
         step_kl=step_kl,
         step_kept=step_kept,
         grad_norm=grad_norm,
