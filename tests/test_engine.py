@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 
 import pytest
@@ -145,3 +146,49 @@ async def test_an_engine_serving_now_and_then_does_not_hold_a_core(engine):
     share = (cpu_s() - used) / wall
     print(f"engine processes: {share:.2f} of a core while serving every 20 ms")
     assert share < 0.6  # busy-looping engine core and worker: ~1.3
+
+
+SERVE_UNTIL_KILLED = """
+import asyncio, sys
+from rollart.config import EngineConfig
+from rollart.policy.engine import PolicyEngine
+
+async def main():
+    await PolicyEngine(sys.argv[1], EngineConfig()).start()
+    print("ready", flush=True)
+    await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+def test_an_engine_core_exits_when_its_generation_worker_is_killed(model_path, tmp_path):
+    """SIGKILL to a generation worker alone (as the OOM killer sends it, or the kernel to
+    workers whose launcher died) used to leave its engine core running under init, holding the
+    model: each restart of the worker added one."""
+    import signal
+    import subprocess
+    import sys
+
+    import psutil
+
+    log = open(tmp_path / "worker.log", "w")  # noqa: SIM115 (the worker writes it)
+    worker = subprocess.Popen([sys.executable, "-c", SERVE_UNTIL_KILLED, model_path],
+                              stdout=subprocess.PIPE, stderr=log, text=True)
+    engines: list[psutil.Process] = []
+    try:
+        lines = iter(worker.stdout.readline, "")  # vLLM logs to stdout too
+        assert "ready" in (line.strip() for line in lines), (tmp_path / "worker.log").read_text()
+        engines = [p for p in psutil.Process(worker.pid).children(recursive=True)
+                   if any("VLLM::" in part for part in p.cmdline())]
+        assert engines, "no vLLM engine process under the worker"
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+        _, alive = psutil.wait_procs(engines, timeout=15)
+        assert not alive, f"engine processes outlived their worker: {alive}"
+    finally:
+        worker.kill()
+        log.close()
+        for process in engines:
+            with contextlib.suppress(psutil.Error):
+                process.kill()

@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from rollart.config import EngineConfig
+from rollart.policy.vllm_plugin import PARENT_ENV
 
 
 @dataclass
@@ -46,8 +47,10 @@ def _engine_core_environment() -> Iterator[None]:
     apart from this process); otherwise it forces a separate worker process, whose
     shared-memory queue busy-loops after every message and whose start costs ~15 s. One OpenMP
     thread, as that worker was bound to one core. Restored after, so processes this one starts
-    later do not inherit them."""
-    values = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1"}
+    later do not inherit them. The engine core learns its parent's pid, to exit when this
+    process dies (rollart.policy.vllm_plugin)."""
+    values = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1",
+              PARENT_ENV: str(os.getpid())}
     before = {name: os.environ.get(name) for name in values}
     os.environ.update(values)
     try:
