@@ -158,7 +158,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 client, handle = await _start_workflow(config, workflow_id)
 
             def check() -> None:
-                seen = len(stack.exits)
+                seen, waiting = len(stack.exits), stack.restarts_due
                 try:
                     stack.supervise()
                 finally:
@@ -166,7 +166,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                         console.print(f"[yellow]worker {exit_['worker']} exited with "
                                       f"{exit_['returncode']}; restarting it in "
                                       f"{exit_['restart_in_s']:.0f} s[/yellow]")
-                    if len(stack.exits) > seen:
+                    if len(stack.exits) > seen or stack.restarts_due < waiting:
                         stack.write_supervision(run_dir / "supervisor.json")
                 cpu.update(stack.cpu_seconds())
 

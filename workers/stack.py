@@ -149,6 +149,13 @@ class Stack:
                 del self._due[name]
                 self.restarts.setdefault(name, []).append(now)
                 self.spawn(name)
+                last_exit = next(e for e in reversed(self.exits) if e["worker"] == name)
+                last_exit["restarted_at"] = time.time()
+
+    @property
+    def restarts_due(self) -> int:
+        """Workers that exited and wait out their backoff."""
+        return len(self._due)
 
     @property
     def restart_count(self) -> int:
