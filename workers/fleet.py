@@ -165,11 +165,13 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
                                          seed=config.model.seed + replica)
         else:
             gen_engine = PolicyEngine(model_path, config.engine, seed=config.model.seed + replica)
+        if engine is None:
+            closers.append(gen_engine.shutdown)
+            # before the weight backends open: a forked engine core inherits none of them
+            await gen_engine.start()
         puller = Puller(*_weight_backends(config, closers, lend=False))
         gen = GenerateActivities(gen_engine, puller, queue, StoreOpener(config.storage))
         if engine is None:
-            closers.append(gen_engine.shutdown)
-            await gen_engine.start()
             version = await gen.catch_up(config.weights_prefix)
             log.info("%s serves policy version %d", queue, version)
         return [Worker(client, task_queue=queue, activities=[gen.generate],

@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from rollart.config import EngineConfig
-from rollart.policy.vllm_plugin import PARENT_ENV
+from rollart.policy.vllm_plugin import PARENT_ENV, forked_children_exit_with_this_process
 
 
 @dataclass
@@ -40,6 +40,9 @@ class _InFlight:
     switches: list[tuple[int, int]] = field(default_factory=list)  # (token index, new version)
 
 
+START_METHOD = "VLLM_WORKER_MULTIPROC_METHOD"
+
+
 @contextlib.contextmanager
 def _engine_core_environment() -> Iterator[None]:
     """While the engine core starts: the model runs in its own process ("uni"), which vLLM's
@@ -48,14 +51,20 @@ def _engine_core_environment() -> Iterator[None]:
     shared-memory queue busy-loops after every message and whose start costs ~15 s. One OpenMP
     thread, as that worker was bound to one core. Restored after, so processes this one starts
     later do not inherit them. The engine core learns its parent's pid, to exit when this
-    process dies (rollart.policy.vllm_plugin)."""
+    process dies (rollart.policy.vllm_plugin); the start method vLLM sets is restored too."""
     values = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1",
               PARENT_ENV: str(os.getpid())}
-    before = {name: os.environ.get(name) for name in values}
+    import torch
+
+    before = {name: os.environ.get(name) for name in [*values, START_METHOD]}
+    threads = torch.get_num_threads()
     os.environ.update(values)
+    torch.set_num_threads(1)  # a forked engine core keeps this; OMP_NUM_THREADS came too late
     try:
-        yield
+        with forked_children_exit_with_this_process():
+            yield
     finally:
+        torch.set_num_threads(threads)
         for name, value in before.items():
             if value is None:
                 os.environ.pop(name, None)
@@ -95,7 +104,9 @@ class PolicyEngine:
             distributed_executor_backend="uni",
         )
         with _engine_core_environment():
-            self.llm = AsyncLLM.from_engine_args(args)
+            vllm_config = args.create_engine_config()
+            os.environ[START_METHOD] = self.config.start_method  # the CPU platform set spawn
+            self.llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=True)
         return self
 
     def shutdown(self) -> None:
