@@ -80,6 +80,9 @@ class EnvTimeouts(StrictModel):
     pickup_s: float = Field(
         60.0, gt=0, description="A step no worker picks up in this time (the env worker holding "
         "the episode is gone) fails the trajectory instead of waiting forever.")
+    heartbeat_s: float = Field(
+        10.0, gt=0, description="A reset or step attempt whose worker went silent this long "
+        "(the worker died mid-step) is retried; attempts heartbeat while they run.")
     attempts: int = Field(3, ge=1, description="Attempts per reset/step; the interval doubles.")
     first_retry_s: float = Field(1.0, gt=0)
 

@@ -36,3 +36,27 @@ def test_an_ended_episode_frees_its_env():
     envs.step(EnvStepRequest(trajectory_id="t", action="Right"))
     assert envs.step(EnvStepRequest(trajectory_id="t", action="Down")).terminated  # a hole
     assert envs.envs == {}
+
+
+def test_a_long_step_heartbeats_and_a_short_one_does_not():
+    """A worker that dies mid-step is noticed after the heartbeat timeout, not step_s; steps
+    shorter than a third of it send nothing (each heartbeat is a call to the server)."""
+    import dataclasses
+    from datetime import timedelta
+
+    from temporalio.testing import ActivityEnvironment
+
+    beats: list[tuple] = []
+    environment = ActivityEnvironment()
+    environment.info = dataclasses.replace(environment.info,
+                                           heartbeat_timeout=timedelta(seconds=0.3),
+                                           start_to_close_timeout=None)
+    environment.on_heartbeat = lambda *details: beats.append(details)
+    envs = EnvActivities("q")
+    environment.run(envs.reset, EnvResetRequest(trajectory_id="t", env_name="frozenlake",
+                                                seed=0))
+    environment.run(envs.step, EnvStepRequest(trajectory_id="t", action="Right"))
+    assert beats == []
+    slow = InjectedFaults(step_median_s=0.5, step_sigma=0.0)
+    environment.run(envs.step, EnvStepRequest(trajectory_id="t", action="Right", faults=slow))
+    assert 3 <= len(beats) <= 6  # every 0.1 s for 0.5 s

@@ -86,10 +86,13 @@ def worker_pid(launcher: subprocess.Popen, role: str) -> int:
     raise AssertionError(f"no {role} worker under the launcher")
 
 
-@pytest.mark.parametrize("role, name", [("gen", "gen.h800.r0"), ("control", "control")])
+@pytest.mark.parametrize("role, name", [("gen", "gen.h800.r0"), ("control", "control"),
+                                        ("env", "env.cpu")])
 def test_a_killed_worker_is_restarted_at_once_and_the_run_finishes(tmp_path, role, name):
     """The control worker too: the launcher's progress query waits for it, and the supervisor
-    used to run only between queries, so it restarted the control worker 31 s late."""
+    used to run only between queries, so it restarted the control worker 31 s late. A restarted
+    env worker polls its predecessor's queue, so the steps of episodes it lost are answered
+    at once (and the episodes rebuilt) instead of waiting out pickup_s."""
     run_dir = tmp_path / "run"
     config = tmp_path / "sim.toml"
     config.write_text(CONFIG.format(run_dir=run_dir, port=free_port(), ui_port=free_port()))
@@ -106,6 +109,10 @@ def test_a_killed_worker_is_restarted_at_once_and_the_run_finishes(tmp_path, rol
     assert supervision["exits"][0]["worker"] == name
     # the supervisor checks each second; the backoff is 1 s
     assert supervision["exits"][0]["restarted_at"] - killed_at < 5
+    if role == "env":
+        ups = [line.split("up: ")[1] for line in
+               (run_dir / "logs" / "env.cpu.log").read_text().splitlines() if "worker up" in line]
+        assert len(ups) == 2 and ups[0] == ups[1], ups
     status = json.loads(Path(run_dir / "status.json").read_text())
     ledger = status["ledger"]
     assert status["iteration"] == 6 and ledger["failed"] == 0

@@ -20,6 +20,7 @@ from rollart.queues import admin_queue, pool_queue, replica_queue
 from rollart.workers.client import connect
 
 log = logging.getLogger("rollart.worker")
+WORKER_SLOT_ENV = "ROLLART_WORKER_SLOT"  # set by the supervisor: a name stable across restarts
 WorkerRole = Literal["control", "env", "gen", "reward", "train"]
 
 
@@ -132,7 +133,11 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
     if role == "env":
         from rollart.activities.env import EnvActivities
 
-        worker_id = f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        # Under a supervisor the slot outlives the process: steps sent to a restarted worker's
+        # queue are answered (EnvironmentLost, rebuilt elsewhere) instead of waiting pickup_s.
+        slot = os.environ.get(WORKER_SLOT_ENV)
+        worker_id = f"{socket.gethostname()}-" + (
+            slot or f"{os.getpid()}-{uuid.uuid4().hex[:6]}")
         own_queue = f"{pool_queue('env', pool)}.{worker_id}"
         envs = EnvActivities(own_queue)
         executor = ThreadPoolExecutor(max_workers=64)

@@ -19,6 +19,7 @@ from rollart.config import RunConfig
 from rollart.servers import die_with_parent
 from rollart.weights import MooncakeMaster, backend_choice
 from rollart.workers.devserver import DevServer
+from rollart.workers.fleet import WORKER_SLOT_ENV
 
 log = logging.getLogger("rollart.stack")
 
@@ -74,6 +75,7 @@ class Stack:
     def spawn(self, name: str) -> None:
         """Start (or start again) the worker process `name`."""
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self._storage_credentials())
+        env[WORKER_SLOT_ENV] = f"{Path(self.config.run_dir).name}.{name}"
         log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (the child owns it)
         # A session of its own: stopping or killing a worker reaches its engine processes too.
         self.processes[name] = subprocess.Popen(self.commands[name], stdout=log,

@@ -75,6 +75,7 @@ async def reset_env(spec: TrajectorySpec) -> EnvResetResult:
                         max_observation_chars=spec.max_observation_chars),
         result_type=EnvResetResult, task_queue=spec.env_queue,
         start_to_close_timeout=timedelta(seconds=spec.env_timeouts.reset_s),
+        heartbeat_timeout=timedelta(seconds=spec.env_timeouts.heartbeat_s),
         retry_policy=_env_retry(spec),
     )
 
@@ -185,6 +186,7 @@ async def step_env(spec: TrajectorySpec, worker_queue: str, action: str) -> EnvS
         result_type=EnvStepResult, task_queue=worker_queue,
         schedule_to_start_timeout=timedelta(seconds=spec.env_timeouts.pickup_s),
         start_to_close_timeout=timedelta(seconds=spec.env_timeouts.step_s),
+        heartbeat_timeout=timedelta(seconds=spec.env_timeouts.heartbeat_s),
         retry_policy=_env_retry(spec),
     )
 
@@ -198,6 +200,7 @@ async def restore_env(spec: TrajectorySpec, actions: list[str]) -> EnvResetResul
                           max_observation_chars=spec.max_observation_chars, actions=actions),
         result_type=EnvResetResult, task_queue=spec.env_queue,
         start_to_close_timeout=timedelta(seconds=spec.env_timeouts.reset_s),
+        heartbeat_timeout=timedelta(seconds=spec.env_timeouts.heartbeat_s),
         retry_policy=_env_retry(spec),
     )
 
