@@ -1,10 +1,11 @@
 """Chaos: `rollart train` itself while random workers, and the launcher, are SIGKILLed.
 
 `rollart train` (dev server, Mooncake master, one process per worker: control, env, two
-generation replicas, reward, trainer) trains FrozenLake in async mode while, every 15-35 s, one
-random victim is killed with SIGKILL: a worker (its supervisor starts it again) or the launcher's
-whole process group (then `rollart train --resume` brings the run back). Afterwards the run is
-audited from Temporal itself, on the run's own database:
+generation replicas, reward, trainer) trains FrozenLake in async mode while victims are
+killed with SIGKILL one at a time, each 5-15 s after the run recovered from the last (an
+iteration ended after it): a worker (its supervisor starts it again) or the launcher's whole
+process group (then `rollart train --resume` brings the run back); every kind once per round.
+Afterwards the run is audited from Temporal itself, on the run's own database:
 
 - lost: trajectories started and never settled (the ledger's in-flight count at the end, plus
   trajectory workflows still running) — must be 0;
@@ -14,7 +15,7 @@ audited from Temporal itself, on the run's own database:
   deterministic, so its episodes are rebuilt instead);
 - recovery: for each kill, the time until the next iteration completed.
 
-Run: .venv/bin/python benchmarks/chaos.py [--iterations 12] [--seed 0] [--smoke]
+Run: .venv/bin/python benchmarks/chaos.py [--iterations 80] [--seed 0] [--smoke]
 (writes results/chaos.json and chaos.md beside this file; --smoke: 2 iterations on simulated
 compute, the launcher killed once after the first iteration and resumed, nothing written)
 """
@@ -106,36 +107,55 @@ def take_restarts(run_dir: Path) -> int:
     return count
 
 
-def iterations_done(run_dir: Path) -> int:
+def last_iteration_end(run_dir: Path) -> datetime | None:
     path = run_dir / "metrics.jsonl"
-    return len(path.read_text().splitlines()) if path.exists() else 0
+    lines = path.read_text().splitlines() if path.exists() else []
+    return datetime.fromisoformat(json.loads(lines[-1])["ended_at"]) if lines else None
 
 
 def chaos(config_file: Path, run_dir: Path, rng: random.Random, min_gap: float,
           max_gap: float, smoke: bool) -> dict:
+    """Kills one victim at a time: the next is drawn only once an iteration ended after the
+    last kill (overlapping kills would charge one kill's recovery with the next one's), then a
+    random gap. Victims come in shuffled rounds, so every kind is killed before any twice."""
     log = run_dir.parent / "launcher.log"
     launcher = launch("--config", str(config_file), log=log)
     kills: list[dict] = []
-    restarts, resumes = 0, 0
+    restarts, resumes, victims = 0, 0, []
     started = time.monotonic()
+
+    def wait_until(ready) -> bool:
+        while not ready() and launcher.poll() is None:
+            time.sleep(0.25)
+        return launcher.poll() is None
+
+    def ended_since(moment: datetime) -> bool:
+        end = last_iteration_end(run_dir)
+        return end is not None and end > moment
+
+    last_kill = datetime.min.replace(tzinfo=UTC)
     while True:
+        running = wait_until(lambda t=last_kill: ended_since(t))
         gap = 0.5 if smoke else rng.uniform(min_gap, max_gap)
         deadline = time.monotonic() + gap
-        while time.monotonic() < deadline and launcher.poll() is None:
-            time.sleep(0.25)
-        if launcher.poll() is not None:
+        running = running and wait_until(lambda t=deadline: time.monotonic() >= t)
+        if not running:
             if launcher.returncode != 0:
                 raise RuntimeError(f"rollart train exited with {launcher.returncode}; see {log}")
             break
-        if smoke and (kills or iterations_done(run_dir) < 1):
+        if smoke and kills:
             continue
-        victim = LAUNCHER if smoke else rng.choice([LAUNCHER, *WORKERS])
-        at = datetime.now(UTC).isoformat()
+        if not victims:
+            victims = [LAUNCHER] if smoke else rng.sample([LAUNCHER, *WORKERS], len(WORKERS) + 1)
+        victim = victims[-1]
+        last_kill = datetime.now(UTC)
+        at = last_kill.isoformat()
         if victim == LAUNCHER:
             restarts += take_restarts(run_dir)
+            family = psutil.Process(launcher.pid).children(recursive=True)
             os.killpg(launcher.pid, signal.SIGKILL)
             launcher.wait()
-            time.sleep(2)  # its servers and workers die with it
+            psutil.wait_procs(family, timeout=10)  # its servers and workers die with it
             launcher = launch("--resume", str(run_dir), log=log)
             resumes += 1
         else:
@@ -143,6 +163,7 @@ def chaos(config_file: Path, run_dir: Path, rng: random.Random, min_gap: float,
             if pid is None:  # restarting, or the stack is still coming up
                 continue
             os.killpg(pid, signal.SIGKILL)
+        victims.pop()
         console.print(f"{time.monotonic() - started:6.0f}s  SIGKILL {victim}")
         kills.append({"victim": victim, "at": at})
         if time.monotonic() - started > 3600:
@@ -205,10 +226,10 @@ def summarize(config: RunConfig, run_dir: Path, chaos_run: dict) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--iterations", type=int, default=12)
+    parser.add_argument("--iterations", type=int, default=80)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--min-gap", type=float, default=15)
-    parser.add_argument("--max-gap", type=float, default=35)
+    parser.add_argument("--min-gap", type=float, default=5)
+    parser.add_argument("--max-gap", type=float, default=15)
     parser.add_argument("--smoke", action="store_true",
                         help="the smallest run of every code path (CI), nothing written")
     args = parser.parse_args()
@@ -246,7 +267,8 @@ def main() -> None:
          f"--seed {args.seed}",
          ["System figures of the real stack under `rollart train`; a killed worker is started "
           "again by the launcher's supervisor, a killed launcher (its whole process group) by "
-          "`rollart train --resume`.", "",
+          "`rollart train --resume`. One victim at a time, each 5-15 s after an iteration ended "
+          "after the previous kill, in shuffled rounds of every kind.", "",
           "| " + " | ".join(columns) + " |", "|" + "---|" * len(row),
           "| " + " | ".join(row) + " |", "", "Kills:", *kill_lines, "",
           f"Failures (last 5): {json.dumps(results['failures_sample'])}"])
