@@ -37,6 +37,8 @@ async def test_run_survives_a_server_restart(engine, tmp_path):
             await asyncio.sleep(2)
             server.start()
             status = await asyncio.wait_for(handle.result(), timeout=240)
+            tail = await handle.query(TrainingWorkflow.status, 2)
+        assert [m.iteration for m in tail.history] == [2, 3]
         assert before >= 1 and status.iteration == 4 and status.done
         assert status.ledger.in_flight == 0
     finally:

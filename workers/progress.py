@@ -73,8 +73,9 @@ async def follow(client: Client, handle: WorkflowHandle, run_dir: Path, poll_s: 
     try:
         with Live(console=console, refresh_per_second=2) as live:
             while not result_task.done():
-                query = asyncio.ensure_future(latest.query(
-                    "status", result_type=TrainingStatus, rpc_timeout=QUERY_TIMEOUT))
+                query = asyncio.ensure_future(latest.query(  # the table shows the last 8
+                    "status", max(written - 8, 0), result_type=TrainingStatus,
+                    rpc_timeout=QUERY_TIMEOUT))
                 await asyncio.wait([query, checking, result_task],
                                    return_when=asyncio.FIRST_COMPLETED)
                 if checking.done():

@@ -98,12 +98,15 @@ class TrainingWorkflow:
         self.starting = 0
 
     @workflow.query
-    def status(self) -> TrainingStatus:
+    def status(self, history_since: int = 0) -> TrainingStatus:
+        """`history_since`: only iterations from this one on (a follower asking each second
+        would otherwise receive the whole run's history every time)."""
         cfg, state = self.config, self.state
         return TrainingStatus(
             iteration=state.iteration, iterations=cfg.algorithm.iterations,
             version=state.version, done=state.done, ledger=state.buffer.ledger,
-            history=state.history, failures=state.failures,
+            history=[m for m in state.history if m.iteration >= history_since],
+            failures=state.failures,
             mode=cfg.algorithm.mode, alpha=state.buffer.alpha,
             late_results=state.buffer.late_results, readmitted=len(state.buffer.readmitted),
             readmitted_ids=state.buffer.readmitted,
