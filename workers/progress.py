@@ -87,23 +87,25 @@ async def follow(client: Client, handle: WorkflowHandle, run_dir: Path, poll_s: 
                 elif not query.cancelled() and query.exception() is None:
                     status = query.result()
                 if status is not None:
-                    fresh = [m for m in status.history if m.iteration >= written]
-                    with metrics_file.open("a") as out:
-                        for m in fresh:
-                            out.write(m.model_dump_json() + "\n")
-                    written += len(fresh)
+                    written = _append_new(metrics_file, status, written)
                     live.update(_table(status, loop.time() - started))
                 await asyncio.wait([result_task, checking], timeout=poll_s,
                                    return_when=asyncio.FIRST_COMPLETED)
             status = result_task.result()
-            with metrics_file.open("a") as out:
-                for m in status.history:
-                    if m.iteration >= written:
-                        out.write(m.model_dump_json() + "\n")
+            _append_new(metrics_file, status, written)
             live.update(_table(status, loop.time() - started))
     finally:
         checking.cancel()
     return status
+
+
+def _append_new(metrics_file: Path, status: TrainingStatus, written: int) -> int:
+    """Appends the iterations from `written` on; returns how many the file holds now."""
+    fresh = [m for m in status.history if m.iteration >= written]
+    with metrics_file.open("a") as out:
+        for m in fresh:
+            out.write(m.model_dump_json() + "\n")
+    return written + len(fresh)
 
 
 async def _every(seconds: float, call: Callable[[], None]) -> None:
