@@ -7,18 +7,16 @@ so these are thread-pool activities.
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 import math
 import random
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from rollart.activities.heartbeat import heartbeating_thread
 from rollart.contracts import (
     Activity,
     EnvResetRequest,
@@ -56,7 +54,7 @@ class EnvActivities:
 
     @activity.defn(name=Activity.ENV_RESET)
     def reset(self, request: EnvResetRequest) -> EnvResetResult:
-        with _heartbeating():
+        with heartbeating_thread():
             return self._reset(request)
 
     def _reset(self, request: EnvResetRequest) -> EnvResetResult:
@@ -72,7 +70,7 @@ class EnvActivities:
     def restore(self, request: EnvRestoreRequest) -> EnvResetResult:
         """The same episode on this worker after its own worker died: reset with its seed and
         replay its actions, so the next step continues where it was."""
-        with _heartbeating():
+        with heartbeating_thread():
             return self._restore(request)
 
     def _restore(self, request: EnvRestoreRequest) -> EnvResetResult:
@@ -119,7 +117,7 @@ class EnvActivities:
         """Exactly once per step. An attempt that timed out but still runs (hung, or starved of
         CPU) does not step once its retry has started, and whichever of them steps first, the
         other gets that result instead of stepping again (they share the step's activity id)."""
-        with _heartbeating():
+        with heartbeating_thread():
             return self._step(request)
 
     def _step(self, request: EnvStepRequest) -> EnvStepResult:
@@ -185,30 +183,6 @@ class EnvActivities:
         closer = getattr(env, "close", None)
         if closer is not None:
             closer()
-
-
-@contextlib.contextmanager
-def _heartbeating() -> Iterator[None]:
-    """Heartbeats from a side thread while a blocking env call runs longer than a third of the
-    heartbeat timeout (short steps send none), so an attempt whose worker died is retried
-    after the timeout rather than after the whole start-to-close bound."""
-    timeout = activity.info().heartbeat_timeout if activity.in_activity() else None
-    if not timeout:
-        yield
-        return
-    stop = threading.Event()
-    context = contextvars.copy_context()  # the activity's, for activity.heartbeat
-
-    def beat() -> None:
-        while not stop.wait(timeout.total_seconds() / 3):
-            context.run(activity.heartbeat)
-
-    beater = threading.Thread(target=beat, name="env-heartbeat", daemon=True)
-    beater.start()
-    try:
-        yield
-    finally:
-        stop.set()
 
 
 def _past_deadline() -> bool:

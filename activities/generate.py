@@ -11,16 +11,14 @@ its answer alphabet (plus end of sequence) for free-text answers.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from array import array
 from collections import OrderedDict
-from collections.abc import Awaitable
-from typing import TypeVar
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from rollart.activities.heartbeat import heartbeating
 from rollart.contracts import (
     CONTEXT_FULL,
     Activity,
@@ -33,25 +31,6 @@ from rollart.contracts import (
 from rollart.policy.engine import PolicyEngine
 from rollart.store import StoreOpener, TurnRecord
 from rollart.weights import Puller, PullStats
-
-T = TypeVar("T")
-
-
-async def _heartbeating(work: Awaitable[T], every_s: float = 1.0) -> T:
-    """Await `work` while heartbeating, so a cancelled trajectory's cancel reaches this activity;
-    cancelling `work` makes vLLM abort the request."""
-    task = asyncio.ensure_future(work)
-    try:
-        while True:
-            done, _ = await asyncio.wait({task}, timeout=every_s)
-            if done:
-                return task.result()
-            activity.heartbeat()
-    finally:
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 class ReplicaMeter:
@@ -134,7 +113,7 @@ class GenerateActivities:
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Heartbeats from start to end: a store read or write waiting for a thread, or a
         request waiting for an engine slot, is busy, not dead."""
-        return await _heartbeating(self._generate(request))
+        return await heartbeating(self._generate(request))
 
     async def _generate(self, request: GenerateRequest) -> GenerateResult:
         engine, sampling = self.engine, request.sampling
@@ -188,13 +167,13 @@ class GenerateActivities:
     async def update_weights(self, request: UpdateWeightsRequest) -> UpdateWeightsResult:
         """Pull the version while this replica keeps generating with the old one, then suspend
         only to load it."""
-        pulled = await _heartbeating(self._pull(request.weights_prefix, request.version))
+        pulled = await heartbeating(self._pull(request.weights_prefix, request.version))
         if pulled is None:
             raise ApplicationError(f"weights v{request.version} are not published under "
                                    f"{request.weights_prefix}", type="WeightsMissing")
         _, blobs, pull = pulled
         metrics = self.meter.reset()
-        seconds = await _heartbeating(self.engine.update_weights(request.version, blobs))
+        seconds = await heartbeating(self.engine.update_weights(request.version, blobs))
         return UpdateWeightsResult(version=request.version, seconds=seconds, pull_s=pull.seconds,
                                    bytes=pull.bytes, from_durable=pull.from_durable,
                                    replica=self.replica, metrics=metrics)

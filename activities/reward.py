@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from temporalio import activity
 
+from rollart.activities.heartbeat import heartbeating_thread
 from rollart.contracts import Activity, RewardRequest, RewardResult
 
 RewardRule = Callable[[RewardRequest], RewardResult]
@@ -32,4 +33,7 @@ def episode_return(request: RewardRequest) -> RewardResult:
 
 @activity.defn(name=Activity.REWARD_COMPUTE)
 def compute_reward(request: RewardRequest) -> RewardResult:
-    return _RULES.get(request.env_name, episode_return)(request)
+    """Heartbeats while a slow rule runs: a reward worker killed mid-score is noticed after
+    the heartbeat timeout, not the whole reward timeout."""
+    with heartbeating_thread():
+        return _RULES.get(request.env_name, episode_return)(request)

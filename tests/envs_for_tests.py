@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import itertools
+import os
 import threading
 import time
 
+from rollart.activities.reward import episode_return, register_reward
+from rollart.contracts import RewardRequest, RewardResult
 from rollart.envs import FrozenLakeEnv, StepResult, register_env
 
 _instances = itertools.count()
@@ -125,3 +128,19 @@ class Walk:
 
     def observation(self) -> str:
         return " ".join("P" if cell == self.position else "F" for cell in range(5))
+
+
+REWARD_HANGS_ENV = "ROLLART_TEST_REWARD_HANGS"
+
+
+@register_env("reward_hangs")
+class RewardHangs(FrozenLakeEnv):
+    """FrozenLake whose reward rule hangs in a reward worker started with REWARD_HANGS_ENV set
+    (the test kills that worker mid-score); elsewhere it is the episode's return."""
+
+
+@register_reward("reward_hangs")
+def hanging_reward(request: RewardRequest) -> RewardResult:
+    if os.environ.get(REWARD_HANGS_ENV):
+        time.sleep(600)
+    return episode_return(request)

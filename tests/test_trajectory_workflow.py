@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
 
 import envs_for_tests  # noqa: F401  (registers the test environments)
 import pytest
 from conftest import make_config
-from temporalio.api.enums.v1 import WorkflowExecutionStatus
+from temporalio.api.enums.v1 import PendingActivityState, WorkflowExecutionStatus
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import is_cancelled_exception
 from temporalio.testing import ActivityEnvironment
@@ -102,6 +107,45 @@ async def test_cancelled_trajectory_releases_its_environment(temporal_server, en
             await handle.result()
         assert is_cancelled_exception(ended.value.cause)
     assert len(envs_for_tests.SlowStep.closed) == closed_before + 1
+
+
+async def test_a_reward_worker_killed_mid_score_is_replaced_after_its_heartbeat(
+        temporal_server, engine, tmp_path):
+    """The reward worker is SIGKILLed while it scores; the score is retried on the next reward
+    worker after the reward heartbeat timeout (10 s), not the reward timeout (60 s)."""
+    config = make_config(temporal_server, tmp_path)
+    worker_config = tmp_path / "reward-worker.json"
+    worker_config.write_text(config.model_copy(
+        update={"plugins": [envs_for_tests.__file__]}).model_dump_json())
+    with (tmp_path / "reward-worker.log").open("wb") as log:
+        dying = subprocess.Popen(
+            [sys.executable, "-m", "rollart.workers.cli", "worker", "--config",
+             str(worker_config), "--role", "reward"], stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, envs_for_tests.REWARD_HANGS_ENV: "1"})
+    try:
+        async with in_process_fleet(config, engine, ("control", "env", "gen")) as client:
+            handle = await client.start_workflow(
+                TrajectoryWorkflow.run, spec_for(config, "reward-dies-1", "reward_hangs", 10),
+                id="reward-dies-1", task_queue=config.temporal.control_queue,
+                result_type=TrajectoryResult)
+            for _ in range(600):
+                pending = (await handle.describe()).raw_description.pending_activities
+                if any(a.activity_type.name == "reward.compute"
+                       and a.state == PendingActivityState.PENDING_ACTIVITY_STATE_STARTED
+                       for a in pending):
+                    break
+                await asyncio.sleep(0.1)
+            else:
+                pytest.fail("the reward worker never started scoring")
+            dying.send_signal(signal.SIGKILL)
+            killed = time.monotonic()
+            async with in_process_fleet(config, engine, ("reward",)):
+                result = await handle.result()
+            assert result.status == "completed"
+            assert time.monotonic() - killed < 25
+    finally:
+        dying.kill()
+        dying.wait()
 
 
 async def test_cancelled_generate_aborts_the_engine_request(engine, tmp_path):

@@ -47,6 +47,7 @@ with workflow.unsafe.imports_passed_through():
 
 GENERATE_HEARTBEAT = timedelta(seconds=10)
 REWARD_TIMEOUT = timedelta(seconds=60)
+REWARD_HEARTBEAT = timedelta(seconds=10)
 REWARD_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
                            maximum_attempts=3)
 GENERATE_ATTEMPTS = 5
@@ -230,7 +231,8 @@ async def score(spec: TrajectorySpec, rewards: list[float],
         RewardRequest(trajectory_id=spec.trajectory_id, env_name=spec.env_name,
                       env_rewards=rewards, final_info=info),
         result_type=RewardResult, task_queue=spec.reward_queue,
-        start_to_close_timeout=REWARD_TIMEOUT, retry_policy=REWARD_RETRY,
+        start_to_close_timeout=REWARD_TIMEOUT, heartbeat_timeout=REWARD_HEARTBEAT,
+        retry_policy=REWARD_RETRY,
     )
 
 
