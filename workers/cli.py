@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import time
@@ -271,7 +272,12 @@ def cmd_worker(args: argparse.Namespace) -> int:
             await task
 
     asyncio.run(main())
-    return 0
+    # The worker stopped cleanly; skip interpreter teardown, where the Temporal SDK's Rust
+    # threads can abort the process ("PyGILState_Release", temporalio/sdk-python#300).
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def cmd_start(args: argparse.Namespace) -> int:
