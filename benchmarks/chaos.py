@@ -15,9 +15,10 @@ Afterwards the run is audited from Temporal itself, on the run's own database:
   deterministic, so its episodes are rebuilt instead);
 - recovery: for each kill, the time until the next iteration completed.
 
-Run: .venv/bin/python benchmarks/chaos.py [--iterations 80] [--seed 0] [--smoke]
-(writes results/chaos.json and chaos.md beside this file; --smoke: 2 iterations on simulated
-compute, the launcher killed once after the first iteration and resumed, nothing written)
+Run: .venv/bin/python benchmarks/chaos.py [--iterations 80] [--seeds 3] [--smoke]
+(one run per seed 0..N-1; writes results/chaos.json and chaos.md beside this file; --smoke: one
+run of 2 iterations on simulated compute, the launcher killed once after the first iteration and
+resumed, nothing written)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ import json
 import os
 import random
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -215,6 +217,7 @@ def summarize(config: RunConfig, run_dir: Path, chaos_run: dict) -> dict:
         "iterations_completed": status["iteration"],
         "max_recovery_s": max((s for _, s in recoveries), default=0.0),
         "max_recovery_s_workers": max((s for v, s in recoveries if v != LAUNCHER), default=0.0),
+        "max_recovery_s_launcher": max((s for v, s in recoveries if v == LAUNCHER), default=0.0),
         "median_iteration_s": steps[len(steps) // 2] if steps else 0.0,
         "ledger": ledger,
         "failures_sample": status["failures"][-5:],
@@ -224,54 +227,93 @@ def summarize(config: RunConfig, run_dir: Path, chaos_run: dict) -> dict:
     }
 
 
+SUMMED = ("kills", "lost", "duplicated", "failed_by_env_worker_death", "launcher_kills_resumed",
+          "worker_restarts", "iterations_completed")
+
+
+def one_run(iterations: int, seed: int, min_gap: float, max_gap: float, smoke: bool) -> dict:
+    with tempfile.TemporaryDirectory(prefix="rollart-chaos-") as tmp:
+        run_dir = Path(tmp) / "run"
+        config = chaos_config(run_dir, iterations, smoke=smoke)
+        config_file = Path(tmp) / "chaos.json"
+        config_file.write_text(config.model_dump_json())
+        chaos_run = chaos(config_file, run_dir, random.Random(seed), min_gap, max_gap, smoke)
+        return {"seed": seed, **summarize(config, run_dir, chaos_run)}
+
+
+def combined(runs: list[dict]) -> dict:
+    """The runs' counts summed, their worst recoveries, and each run's own figures."""
+    ledgers = [run["ledger"] for run in runs]
+    return {
+        **{key: sum(run[key] for run in runs) for key in SUMMED},
+        "max_recovery_s": max(run["max_recovery_s"] for run in runs),
+        "max_recovery_s_workers": max(run["max_recovery_s_workers"] for run in runs),
+        "max_recovery_s_launcher": max(run["max_recovery_s_launcher"] for run in runs),
+        "median_iteration_s": statistics.median(run["median_iteration_s"] for run in runs),
+        "ledger": {key: sum(ledger[key] for ledger in ledgers) for key in ledgers[0]},
+        "seeds": [run["seed"] for run in runs],
+        "runs": runs,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--iterations", type=int, default=80)
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", type=int, default=3, help="runs, seeds 0..N-1")
     parser.add_argument("--min-gap", type=float, default=5)
     parser.add_argument("--max-gap", type=float, default=15)
     parser.add_argument("--smoke", action="store_true",
                         help="the smallest run of every code path (CI), nothing written")
     args = parser.parse_args()
     if args.smoke:
-        args.iterations = 2
-    with tempfile.TemporaryDirectory(prefix="rollart-chaos-") as tmp:
-        run_dir = Path(tmp) / "run"
-        config = chaos_config(run_dir, args.iterations, smoke=args.smoke)
-        config_file = Path(tmp) / "chaos.json"
-        config_file.write_text(config.model_dump_json())
-        chaos_run = chaos(config_file, run_dir, random.Random(args.seed), args.min_gap,
-                          args.max_gap, args.smoke)
-        results = summarize(config, run_dir, chaos_run)
-    columns = ["kills", "lost", "duplicated", "env-death failures", "launcher resumed",
-               "worker restarts", "iterations", "max recovery s", "median iteration s",
-               "trained", "failed", "evicted"]
+        args.iterations, args.seeds = 2, 1
+    runs = []
+    for seed in range(args.seeds):
+        runs.append(one_run(args.iterations, seed, args.min_gap, args.max_gap, args.smoke))
+        console.print(f"seed {seed}: max recovery {runs[-1]['max_recovery_s']:.1f} s, "
+                      f"lost {runs[-1]['lost']}, duplicated {runs[-1]['duplicated']}")
+    results = combined(runs)
+    columns = ["seed", "kills", "lost", "duplicated", "env-death failures", "launcher resumed",
+               "worker restarts", "iterations", "max recovery s (workers)",
+               "max recovery s (launcher)", "median iteration s", "trained", "failed",
+               "evicted"]
     table = Table(title="chaos: SIGKILL of random workers and of the launcher during training")
     for column in columns:
         table.add_column(column, justify="right")
-    ledger = results["ledger"]
-    row = [str(results[k]) for k in ("kills", "lost", "duplicated", "failed_by_env_worker_death",
-                                     "launcher_kills_resumed", "worker_restarts",
-                                     "iterations_completed")]
-    row += [f"{results['max_recovery_s']:.1f}", f"{results['median_iteration_s']:.1f}",
-            str(ledger["trained"]), str(ledger["failed"]), str(ledger["evicted"])]
-    table.add_row(*row)
+    rows = [_row(str(run["seed"]), run) for run in runs]
+    if len(runs) > 1:
+        rows.append(_row("all", results))
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
     if args.smoke:
         return
-    kill_lines = [f"- {k['victim']}: next iteration {k['recovery_s']:.1f} s after the kill"
-                  if k["recovery_s"] is not None else f"- {k['victim']}: after the last iteration"
-                  for k in results["kill_log"]]
+    kill_lines = []
+    for run in runs:
+        kill_lines.append(f"Seed {run['seed']}:")
+        kill_lines += [f"- {k['victim']}: next iteration {k['recovery_s']:.1f} s after the kill"
+                       if k["recovery_s"] is not None
+                       else f"- {k['victim']}: after the last iteration"
+                       for k in run["kill_log"]]
+    failures = [f for run in runs for f in run["failures_sample"]]
     save("chaos", results, "Chaos: workers and the launcher killed during training",
          f".venv/bin/python benchmarks/chaos.py --iterations {args.iterations} "
-         f"--seed {args.seed}",
+         f"--seeds {args.seeds}",
          ["System figures of the real stack under `rollart train`; a killed worker is started "
           "again by the launcher's supervisor, a killed launcher (its whole process group) by "
           "`rollart train --resume`. One victim at a time, each 5-15 s after an iteration ended "
-          "after the previous kill, in shuffled rounds of every kind.", "",
-          "| " + " | ".join(columns) + " |", "|" + "---|" * len(row),
-          "| " + " | ".join(row) + " |", "", "Kills:", *kill_lines, "",
-          f"Failures (last 5): {json.dumps(results['failures_sample'])}"])
+          "after the previous kill, in shuffled rounds of every kind; one run per seed.", "",
+          "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns),
+          *("| " + " | ".join(row) + " |" for row in rows), "", *kill_lines, "",
+          f"Failures (last 5 of each run): {json.dumps(failures)}"])
+
+
+def _row(label: str, results: dict) -> list[str]:
+    ledger = results["ledger"]
+    return [label, *(str(results[k]) for k in SUMMED),
+            f"{results['max_recovery_s_workers']:.1f}",
+            f"{results['max_recovery_s_launcher']:.1f}", f"{results['median_iteration_s']:.1f}",
+            str(ledger["trained"]), str(ledger["failed"]), str(ledger["evicted"])]
 
 
 if __name__ == "__main__":
