@@ -65,6 +65,11 @@ VARIANTS: dict[str, tuple[int, float, dict]] = {
     "mixed 0.65, entropy_coef 0.01": (1, 0.65, {"entropy_coef": 0.01}),
     "fresh, batch 32": (0, 0.0, {"batch_size": 32}),
     "mixed 0.65, batch 32": (1, 0.65, {"batch_size": 32}),
+    "mixed 0.65, learning_rate 2e-3": (1, 0.65, {"learning_rate": 2e-3}),
+    "mixed 0.65, target_kl 0.1": (1, 0.65, {"target_kl": 0.1}),
+    "mixed 0.65, learning_rate 2e-3, target_kl 0.1": (1, 0.65, {"learning_rate": 2e-3,
+                                                               "target_kl": 0.1}),
+    "mixed 0.65, minibatches 1": (1, 0.65, {"minibatches": 1}),
     "lag 2": (2, 1.0, {}),
     "lag 2, target_kl_lag_power 2": (2, 1.0, {"target_kl_lag_power": 2.0}),
 }
