@@ -108,6 +108,7 @@ class GenerateActivities:
         self.stores = stores or StoreOpener()
         self.contexts = contexts or ContextCache()
         self.meter = ReplicaMeter(engine.config.max_num_seqs)
+        self._speculation_seen: dict[str, int] = {}
 
     @activity.defn(name=Activity.GEN_GENERATE)
     async def generate(self, request: GenerateRequest) -> GenerateResult:
@@ -173,10 +174,23 @@ class GenerateActivities:
                                    f"{request.weights_prefix}", type="WeightsMissing")
         _, blobs, pull = pulled
         metrics = self.meter.reset()
+        await self._count_speculation(metrics)
         seconds = await heartbeating(self.engine.update_weights(request.version, blobs))
         return UpdateWeightsResult(version=request.version, seconds=seconds, pull_s=pull.seconds,
                                    bytes=pull.bytes, from_durable=pull.from_durable,
                                    replica=self.replica, metrics=metrics)
+
+    async def _count_speculation(self, metrics: ReplicaMetrics) -> None:
+        """What speculation did since the last weight update (the engine counts since start)."""
+        counters = await self.engine.speculation_counters()
+        if counters is None:
+            return
+        seen, self._speculation_seen = self._speculation_seen, counters
+        metrics.draft_tokens = counters["draft_tokens"] - seen.get("draft_tokens", 0)
+        metrics.accepted_tokens = counters["accepted_tokens"] - seen.get("accepted_tokens", 0)
+        metrics.verify_steps = counters["verify_steps"] - seen.get("verify_steps", 0)
+        metrics.speculation_switches = counters["switches"] - seen.get("switches", 0)
+        metrics.speculating = bool(counters["on"])
 
     async def catch_up(self, weights_prefix: str) -> int:
         """Load the newest published version, if any: a replica that starts mid-run must not

@@ -344,11 +344,48 @@ class WeightsConfig(StrictModel):
         "when the Mooncake store evicted a bucket, and what a restarted replica loads.")
 
 
+class SpeculationConfig(StrictModel):
+    """Speculative decoding of a generation pool: model-free SuffixDecoding (vLLM's "suffix"
+    method), drafting from suffix trees over this prompt and earlier outputs (GRPO siblings and
+    earlier iterations repeat each other). Each replica speculates only while it runs few
+    requests: a verify step costs more compute per request, which a busy replica cannot spare."""
+
+    method: Literal["suffix"] = "suffix"
+    num_speculative_tokens: int = Field(16, ge=1, description="Most draft tokens per step.")
+    max_tree_depth: int = Field(24, ge=1, description="Longest suffix matched.")
+    max_cached_requests: int = Field(
+        10_000, ge=0, description="Earlier outputs kept in the global tree (0: this "
+        "request's prompt and output only).")
+    max_spec_factor: float = Field(1.0, gt=0, description="Draft at most this many tokens per "
+                                   "matched token.")
+    min_token_prob: float = Field(0.1, ge=0, le=1, description="Stop a draft at a token rarer "
+                                  "than this in the tree.")
+    max_running_requests: int | None = Field(
+        4, ge=0, description="Speculate while the replica runs at most this many requests, "
+        "plain decoding above; None: always.")
+
+    def vllm_config(self) -> dict[str, object]:
+        return {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens,
+                "suffix_decoding_max_tree_depth": self.max_tree_depth,
+                "suffix_decoding_max_cached_requests": self.max_cached_requests,
+                "suffix_decoding_max_spec_factor": self.max_spec_factor,
+                "suffix_decoding_min_token_prob": self.min_token_prob}
+
+
 class PoolConfig(StrictModel):
     name: str
     role: Role
     hardware: str = "cpu"
     replicas: int = Field(1, ge=1)
+    speculation: SpeculationConfig | None = Field(
+        None, description="gen pools: speculative decoding (None: off).")
+
+    @model_validator(mode="after")
+    def _speculation_on_gen_pools_only(self) -> PoolConfig:
+        if self.speculation is not None and self.role != "gen":
+            raise ValueError(f"pools: {self.role} pool {self.name!r} has a speculation table; "
+                             "only gen pools speculate")
+        return self
 
 
 class TemporalConfig(StrictModel):

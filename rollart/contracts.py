@@ -305,6 +305,12 @@ class ReplicaMetrics(BaseModel):
     running_max: int = Field(0, description="Most requests the engine ran at once.")
     queue_depth_max: int = Field(0, description="Most requests waiting for an engine slot "
                                  "(beyond engine.max_num_seqs).")
+    speculating: bool | None = Field(None, description="Whether the replica speculated when "
+                                     "the period ended; None: it never does.")
+    speculation_switches: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+    verify_steps: int = Field(0, description="Engine steps that verified drafts.")
 
     @computed_field
     @property
@@ -315,6 +321,17 @@ class ReplicaMetrics(BaseModel):
     @property
     def tokens_per_s(self) -> float:
         return self.generated_tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @computed_field
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted_tokens / self.draft_tokens if self.draft_tokens else 0.0
+
+    @computed_field
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens a verify step emitted: its accepted drafts plus the one it samples."""
+        return 1 + self.accepted_tokens / self.verify_steps if self.verify_steps else 0.0
 
 
 class UpdateWeightsResult(BaseModel):

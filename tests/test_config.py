@@ -36,6 +36,20 @@ def test_unknown_pool_names_the_field():
     assert "domains.frozenlake.gen_fallback: unknown gen pool 'h20'" in message
 
 
+def test_speculation_is_per_gen_pool_and_maps_to_vllm():
+    pools = [{"name": "cpu", "role": r} for r in ("env", "reward", "train")]
+    config = load_config(None, pools=[*pools, {"name": "cpu", "role": "gen", "speculation": {
+        "num_speculative_tokens": 8, "max_running_requests": 2}}])
+    speculation = config.pool("gen", "cpu").speculation
+    assert speculation.vllm_config() == {
+        "method": "suffix", "num_speculative_tokens": 8, "suffix_decoding_max_tree_depth": 24,
+        "suffix_decoding_max_cached_requests": 10_000, "suffix_decoding_max_spec_factor": 1.0,
+        "suffix_decoding_min_token_prob": 0.1}
+    message = field_errors(pools=[{"name": "cpu", "role": "env", "speculation": {}},
+                                  {"name": "cpu", "role": "gen"}])
+    assert "env pool 'cpu' has a speculation table; only gen pools speculate" in message
+
+
 def test_unknown_key_is_rejected():
     message = field_errors(**{"algorithm.learning_rat": 0.1})
     assert "learning_rat" in message

@@ -169,7 +169,8 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
                                          config.pool("gen", pool).hardware,
                                          seed=config.model.seed + replica)
         else:
-            gen_engine = PolicyEngine(model_path, config.engine, seed=config.model.seed + replica)
+            gen_engine = PolicyEngine(model_path, config.engine, seed=config.model.seed + replica,
+                                      speculation=config.pool("gen", pool).speculation)
         if engine is None:
             closers.append(gen_engine.shutdown)
             # before the weight backends open: a forked engine core inherits none of them

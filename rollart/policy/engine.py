@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from rollart.config import EngineConfig
+from rollart.config import EngineConfig, SpeculationConfig
 from rollart.policy.vllm_plugin import PARENT_ENV, forked_children_exit_with_this_process
 
 
@@ -73,10 +73,14 @@ def _engine_core_environment() -> Iterator[None]:
 
 
 class PolicyEngine:
-    def __init__(self, model_path: str, config: EngineConfig, seed: int = 0) -> None:
+    def __init__(self, model_path: str, config: EngineConfig, seed: int = 0,
+                 speculation: SpeculationConfig | None = None) -> None:
         self.model_path = model_path
         self.config = config
         self.seed = seed
+        self.speculation = speculation
+        self.speculating = speculation is not None
+        self._switching: asyncio.Task | None = None
         self.version = 0
         self.llm = None
         self.tokenizer = None
@@ -100,13 +104,17 @@ class PolicyEngine:
             enable_prefix_caching=True,
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
-            worker_extension_cls="rollart.policy.vllm_extension.WeightSyncExtension",
+            worker_extension_cls="rollart.policy.vllm_extension.WorkerExtension",
             distributed_executor_backend="uni",
+            speculative_config=self.speculation.vllm_config() if self.speculation else None,
         )
         with _engine_core_environment():
             vllm_config = args.create_engine_config()
             os.environ[START_METHOD] = self.config.start_method  # the CPU platform set spawn
             self.llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=True)
+        if self.speculation is not None:
+            await self.llm.collective_rpc("install_speculation_switch")
+            self._adapt_speculation()
         return self
 
     def shutdown(self) -> None:
@@ -163,6 +171,7 @@ class PolicyEngine:
         request_id = request_id or uuid.uuid4().hex
         start_version, progress = self.version, _InFlight()
         self._in_flight[request_id] = progress
+        self._adapt_speculation()
         final = None
         try:
             async for output in self.llm.generate(
@@ -172,6 +181,7 @@ class PolicyEngine:
                 progress.produced = len(output.outputs[0].token_ids)
         finally:
             del self._in_flight[request_id]
+            self._adapt_speculation()
         completion = final.outputs[0]
         token_ids = list(completion.token_ids)
         logprobs = [step[tok].logprob for step, tok in zip(completion.logprobs, token_ids,
@@ -190,6 +200,28 @@ class PolicyEngine:
     @property
     def running_requests(self) -> int:
         return len(self._in_flight)
+
+    def _adapt_speculation(self) -> None:
+        """Speculate while at most `max_running_requests` requests are in this engine. The
+        switch is one call into the engine core (taken between two steps), made in the
+        background and only when the side changes."""
+        limit = self.speculation.max_running_requests if self.speculation else None
+        if limit is None or (self._switching is not None and not self._switching.done()):
+            return
+        if (len(self._in_flight) <= limit) != self.speculating:
+            self._switching = asyncio.ensure_future(self._switch_speculation(limit))
+
+    async def _switch_speculation(self, limit: int) -> None:
+        while (wanted := len(self._in_flight) <= limit) != self.speculating:
+            await self.llm.collective_rpc("set_speculation", args=(wanted,))
+            self.speculating = wanted
+
+    async def speculation_counters(self) -> dict[str, int] | None:
+        """Draft tokens, accepted tokens, verify steps and switches since the engine started;
+        None when it does not speculate."""
+        if self.speculation is None:
+            return None
+        return (await self.llm.collective_rpc("speculation_counters"))[0]
 
     async def update_weights(self, version: int, buckets: list[bytes]) -> float:
         """Suspend -> load -> resume, with the version's weights already in memory (safetensors
