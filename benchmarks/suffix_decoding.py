@@ -1,23 +1,24 @@
-"""SuffixDecoding in rollout: tokens/s with speculation off, always on, and adaptive (on only
-while a replica runs few requests), at low and at high load, in one run.
+"""SuffixDecoding in rollout: tokens/s with speculation off, always on, and adaptive, at low and
+at high load, in one run.
 
 The policy is a low-entropy one, as an RL policy becomes late in training: the tiny model,
 fine-tuned in this script to answer each of a few prompts with its own fixed 64-token response,
 then sampled at temperature 1 (it still strays now and then). Prompts recur across requests as
 GRPO siblings and later iterations repeat them, so suffix trees over earlier outputs draft well.
-Each mode gets its own engine (the real vLLM engine, real speculation), the same requests and the
-same order; a mode's first pass warms its suffix cache, as earlier iterations would, and is not
-timed.
+Modes: off, always on, and adaptive (on while at most 4 requests run). Each mode gets its own
+engine (the real vLLM engine, real speculation), the same requests and the same order; a mode's
+first pass warms its suffix cache, as earlier iterations would, and is not timed.
 
 - low load: `--low` requests at a time (a few long generations), `--rounds` rounds;
-- high load: `--high` requests at once, `--rounds` rounds.
+- high load: `--high` requests at once, `--high-rounds` rounds.
 
 The three modes run one after another, `--repeats` times; each ratio is taken against the same
 repeat's "off" and reported as the median with its range.
 
 Run: .venv/bin/python benchmarks/suffix_decoding.py [--low 2] [--high 64] [--rounds 6]
-[--repeats 3] [--smoke] (writes results/suffix_decoding.json and suffix_decoding.md beside this
-file; --smoke: a smaller fine-tune and load, one repeat, nothing written)
+[--high-rounds 20] [--repeats 3] [--smoke] (writes results/suffix_decoding.json and
+suffix_decoding.md beside this file; --smoke: a smaller fine-tune and load, one repeat, nothing
+written)
 """
 
 from __future__ import annotations
@@ -89,13 +90,13 @@ async def serve(engine: PolicyEngine, prompts: list[list[int]], concurrency: int
 
 
 async def measure(model: Path, prompts: list[list[int]], mode: str, low: int, high: int,
-                  rounds: int) -> dict:
+                  rounds: int, high_rounds: int) -> dict:
     engine = await PolicyEngine(str(model), EngineConfig(), speculation=MODES[mode]).start()
     try:
-        await serve(engine, prompts, high, high)  # warm-up: earlier iterations' outputs
+        await serve(engine, prompts, high, high * 4)  # warm-up: earlier iterations' outputs
         before = await engine.speculation_counters()
         low_tokens, low_s = await serve(engine, prompts, low, low * rounds)
-        high_tokens, high_s = await serve(engine, prompts, high, high * rounds)
+        high_tokens, high_s = await serve(engine, prompts, high, high * high_rounds)
         after = await engine.speculation_counters()
     finally:
         engine.shutdown()
@@ -125,7 +126,7 @@ async def run(args: argparse.Namespace) -> dict:
             modes = {}
             for mode in MODES:
                 modes[mode] = await measure(model, prompts, mode, args.low, args.high,
-                                            args.rounds)
+                                            args.rounds, args.high_rounds)
                 console.print(f"repeat {repeat}, {mode}: {modes[mode]}")
             repeats.append(modes)
     results: dict = {}
@@ -140,7 +141,8 @@ async def run(args: argparse.Namespace) -> dict:
         adaptive_switches=[r["adaptive"]["switches"] for r in repeats],
         repeats=repeats,
         workload={"prompts": PROMPTS, "response_tokens": RESPONSE_TOKENS, "low": args.low,
-                  "high": args.high, "rounds": args.rounds, "repeats": args.repeats,
+                  "high": args.high, "rounds": args.rounds, "high_rounds": args.high_rounds,
+                  "repeats": args.repeats,
                   "finetune_steps": args.finetune_steps})
     return results
 
@@ -150,12 +152,14 @@ def main() -> None:
     parser.add_argument("--low", type=int, default=2)
     parser.add_argument("--high", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--high-rounds", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--finetune-steps", type=int, default=150)
     parser.add_argument("--smoke", action="store_true")
     args = parser.parse_args()
     if args.smoke:
         args.low, args.high, args.rounds, args.finetune_steps, args.repeats = 1, 8, 1, 5, 1
+        args.high_rounds = 1
     results = asyncio.run(run(args))
     table = Table(title="SuffixDecoding: tokens/s over speculation off (median of repeats, "
                   "range)")
