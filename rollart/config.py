@@ -87,6 +87,29 @@ class EnvTimeouts(StrictModel):
     first_retry_s: float = Field(1.0, gt=0)
 
 
+class RewardConfig(StrictModel):
+    """How a domain's finished trajectories are scored. rule: a registered function
+    (`@register_reward`; default: the episode's return). http: POST the trajectory to an
+    endpoint as JSON (trajectory_id, domain, env, prompt, response, actions, env_rewards,
+    final_info, label) with an Idempotency-Key header (the trajectory id), and read
+    {"reward": number, "success": bool (optional)}."""
+
+    kind: Literal["rule", "http"] = "rule"
+    url: str | None = Field(None, description="http: the endpoint (http:// or https://).")
+    api_key_env: str | None = Field(
+        None, description="http: environment variable with a key sent as 'Authorization: "
+        "Bearer ...' (read by the reward worker; never stored in the config).")
+    timeout_s: float = Field(30.0, gt=0, le=50, description="http: one request's timeout "
+                             "(within the reward activity's own 60 s).")
+
+    @model_validator(mode="after")
+    def _url_for_http(self) -> RewardConfig:
+        if self.kind == "http" and not (self.url or "").startswith(("http://", "https://")):
+            raise ValueError(f"reward.url: kind 'http' needs an http:// or https:// url, got "
+                             f"{self.url!r}")
+        return self
+
+
 class DomainConfig(StrictModel):
     """A task domain: an environment, how often it is sampled, and the pools that serve it.
 
@@ -105,6 +128,7 @@ class DomainConfig(StrictModel):
     gen_pool: str = "cpu"
     gen_fallback: list[str] = Field(default_factory=list)
     reward_pool: str = "cpu"
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     max_observation_chars: int = Field(
         65536, ge=1, description="A longer observation fails its trajectory with a clear error "
         "(it would travel through the workflow history and the model's context).")

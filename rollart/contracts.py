@@ -17,6 +17,7 @@ from rollart.config import (
     AlgorithmConfig,
     EnvTimeouts,
     InjectedFaults,
+    RewardConfig,
     RoutingConfig,
     RunConfig,
     SamplingConfig,
@@ -62,6 +63,7 @@ class TrajectorySpec(BaseModel):
     env_timeouts: EnvTimeouts = Field(default_factory=EnvTimeouts)
     max_observation_chars: int = 65536
     faults: InjectedFaults = Field(default_factory=InjectedFaults)
+    reward: RewardConfig = Field(default_factory=RewardConfig)
     start_version: int = Field(0, description="Rollout policy version when this one started.")
 
     @classmethod
@@ -81,7 +83,7 @@ class TrajectorySpec(BaseModel):
             reward_queue=pool_queue("reward", task.reward_pool),
             store_dir=str(config.store_dir), sampling=sampling, routing=config.routing,
             env_timeouts=task.timeouts, max_observation_chars=task.max_observation_chars,
-            faults=task.faults, start_version=start_version,
+            faults=task.faults, reward=task.reward, start_version=start_version,
         )
 
 
@@ -193,6 +195,10 @@ class RewardRequest(BaseModel):
     env_name: str
     env_rewards: list[float]
     final_info: dict[str, object] = Field(default_factory=dict)
+    domain: str = ""
+    reward: RewardConfig = Field(default_factory=RewardConfig)
+    prompt: str = Field("", description="The episode's first observation.")
+    actions: list[str] = Field(default_factory=list, description="The policy's text, each turn.")
 
 
 class RewardResult(BaseModel):

@@ -50,6 +50,14 @@ def test_speculation_is_per_gen_pool_and_maps_to_vllm():
     assert "env pool 'cpu' has a speculation table; only gen pools speculate" in message
 
 
+def test_an_http_reward_needs_an_http_url():
+    message = field_errors(**{"domains.frozenlake.reward": {"kind": "http", "url": "x.com"}})
+    assert "reward.url: kind 'http' needs an http:// or https:// url, got 'x.com'" in message
+    config = load_config(None, **{"domains.frozenlake.reward": {
+        "kind": "http", "url": "https://rm.example/score"}})
+    assert config.domains["frozenlake"].reward.url == "https://rm.example/score"
+
+
 def test_unknown_key_is_rejected():
     message = field_errors(**{"algorithm.learning_rat": 0.1})
     assert "learning_rat" in message

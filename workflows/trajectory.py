@@ -224,12 +224,13 @@ async def close_env(spec: TrajectorySpec, worker_queue: str) -> None:
     )
 
 
-async def score(spec: TrajectorySpec, rewards: list[float],
-                info: dict[str, object]) -> RewardResult:
+async def score(spec: TrajectorySpec, rewards: list[float], info: dict[str, object],
+                prompt: str, actions: list[str]) -> RewardResult:
     return await workflow.execute_activity(
         Activity.REWARD_COMPUTE,
         RewardRequest(trajectory_id=spec.trajectory_id, env_name=spec.env_name,
-                      env_rewards=rewards, final_info=info),
+                      env_rewards=rewards, final_info=info, domain=spec.domain,
+                      reward=spec.reward, prompt=prompt, actions=actions),
         result_type=RewardResult, task_queue=spec.reward_queue,
         start_to_close_timeout=REWARD_TIMEOUT, heartbeat_timeout=REWARD_HEARTBEAT,
         retry_policy=REWARD_RETRY,
@@ -309,7 +310,7 @@ class TrajectoryWorkflow:
                 break
         await self._release_env(spec)
         self.phase = "reward"
-        reward = await score(spec, rewards, info)
+        reward = await score(spec, rewards, info, reset.observation, self.actions)
         self.phase = "done"
         return partial.model_copy(update={
             "status": "completed", "reward": reward.reward, "success": reward.success,
