@@ -56,6 +56,7 @@ class BatchRolloutWorkflow:
         observations = [reset.observation for reset in resets]
         rewards: list[list[float]] = [[] for _ in specs]
         infos: list[dict] = [{} for _ in specs]
+        actions: list[list[str]] = [[] for _ in specs]
         results = [TrajectoryResult(trajectory_id=s.trajectory_id, group_id=s.group_id,
                                     domain=s.domain, status="completed",
                                     start_version=s.start_version)
@@ -82,12 +83,14 @@ class BatchRolloutWorkflow:
                 results[i].cached_tokens += gen.cached_tokens
                 results[i].end_version = max(results[i].end_version, gen.version)
                 observations[i], infos[i] = step.observation, step.info
+                actions[i].append(gen.text)
                 rewards[i].append(step.reward)
                 if not (step.terminated or step.truncated):
                     active.append(i)
         await asyncio.gather(*(close_env(specs[i], resets[i].worker_queue) for i in active))
-        scores = await asyncio.gather(*(score(spec, rewards[i], infos[i])
-                                        for i, spec in enumerate(specs)))
+        scores = await asyncio.gather(*(
+            score(spec, rewards[i], infos[i], resets[i].observation, actions[i])
+            for i, spec in enumerate(specs)))
         for result, reward in zip(results, scores, strict=True):
             result.reward, result.success = reward.reward, reward.success
         return results
