@@ -14,6 +14,17 @@ from typing import TypeVar
 from temporalio import activity
 
 T = TypeVar("T")
+_PROGRESS: contextvars.ContextVar[list[object]] = contextvars.ContextVar("heartbeat_progress")
+
+
+def record_progress(*details: object) -> None:
+    """Heartbeats `details` now and with every later heartbeat of this attempt: a retried
+    attempt reads them back from `activity.info().heartbeat_details` to resume (a submitted
+    job's id, say) instead of starting over."""
+    holder = _PROGRESS.get(None)
+    if holder is not None:
+        holder[:] = details
+    activity.heartbeat(*details)
 
 
 @contextlib.contextmanager
@@ -26,17 +37,20 @@ def heartbeating_thread() -> Iterator[None]:
         yield
         return
     stop = threading.Event()
+    progress: list[object] = []
+    token = _PROGRESS.set(progress)
     context = contextvars.copy_context()  # the activity's, for activity.heartbeat
 
     def beat() -> None:
         while not stop.wait(timeout.total_seconds() / 3):
-            context.run(activity.heartbeat)
+            context.run(activity.heartbeat, *progress)
 
     threading.Thread(target=beat, name="activity-heartbeat", daemon=True).start()
     try:
         yield
     finally:
         stop.set()
+        _PROGRESS.reset(token)
 
 
 async def heartbeating(work: Awaitable[T], every_s: float = 1.0) -> T:

@@ -1,34 +1,46 @@
-"""The reward activity: scores a finished trajectory on the reward pool.
+"""The reward activities: score a finished trajectory on its domain's reward pool, and check a
+domain's reward before a run starts.
 
-A domain's `reward.kind` picks how. rule: a function registered with `@register_reward("env
-name")`; the default is the sum of the environment's rewards, success the env's own verdict
-when it gives one. http: the trajectory POSTed as JSON to an endpoint that answers with its
-reward (the body and answer are documented on rollart.config.RewardConfig).
+A domain's `reward.kind` names a scorer. Built in: rule (a function registered with
+`@register_reward(name)`; default the episode's return), http, http_poll and lambda (see
+rollart.activities.reward_remote). A plugin adds a kind, a reward model or another serverless
+platform, with `@register_reward_kind(name)`: a function from RewardRequest to RewardResult
+that runs on a reward worker thread, its config in `reward.options`.
 """
 
 from __future__ import annotations
 
-import json
-import math
-import os
-import urllib.error
-import urllib.request
+import time
 from collections.abc import Callable
 
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
+from rollart.activities import reward_remote
 from rollart.activities.heartbeat import heartbeating_thread
+from rollart.config import RewardConfig
 from rollart.contracts import Activity, RewardRequest, RewardResult
 
-RewardRule = Callable[[RewardRequest], RewardResult]
-_RULES: dict[str, RewardRule] = {}
+Scorer = Callable[[RewardRequest], RewardResult]
+_RULES: dict[str, Scorer] = {}
+_KINDS: dict[str, Scorer] = {}
 
 
-def register_reward(env_name: str) -> Callable[[RewardRule], RewardRule]:
-    def decorate(rule: RewardRule) -> RewardRule:
-        _RULES[env_name] = rule
+def register_reward(name: str) -> Callable[[Scorer], Scorer]:
+    """A rule, used by domains whose env is `name` or whose `reward.rule` is `name`."""
+    def decorate(rule: Scorer) -> Scorer:
+        _RULES[name] = rule
         return rule
+
+    return decorate
+
+
+def register_reward_kind(kind: str) -> Callable[[Scorer], Scorer]:
+    """A way of scoring, chosen with `reward.kind = "<kind>"` (RollArt's register_serverless
+    plays this part for its serverless rewards)."""
+    def decorate(scorer: Scorer) -> Scorer:
+        _KINDS[kind] = scorer
+        return scorer
 
     return decorate
 
@@ -39,65 +51,48 @@ def episode_return(request: RewardRequest) -> RewardResult:
     return RewardResult(reward=total, success=success)
 
 
-def http_reward(request: RewardRequest) -> RewardResult:
-    """One POST. An endpoint that cannot be reached, times out or answers 429/5xx raises a
-    retryable error (the workflow retries with backoff, then fails the trajectory naming the
-    endpoint); any other status, or an answer without a numeric reward, is final."""
-    spec, url = request.reward, request.reward.url
-    headers = {"Content-Type": "application/json", "Idempotency-Key": request.trajectory_id}
-    if spec.api_key_env:
-        key = os.environ.get(spec.api_key_env)
-        if not key:
-            raise ApplicationError(f"reward.api_key_env: {spec.api_key_env} is not set on the "
-                                   "reward worker", type="RewardConfigError", non_retryable=True)
-        headers["Authorization"] = f"Bearer {key}"
-    body = json.dumps({
-        "trajectory_id": request.trajectory_id, "domain": request.domain,
-        "env": request.env_name, "prompt": request.prompt,
-        "response": request.actions[-1] if request.actions else "", "actions": request.actions,
-        "env_rewards": request.env_rewards, "final_info": request.final_info,
-        "label": request.final_info.get("label"),
-    }).encode()
-    call = urllib.request.Request(url, data=body, headers=headers, method="POST")
-    try:
-        with urllib.request.urlopen(call, timeout=spec.timeout_s) as response:
-            payload = response.read()
-    except urllib.error.HTTPError as err:
-        retryable = err.code == 429 or err.code >= 500
-        raise ApplicationError(
-            f"reward endpoint {url} answered HTTP {err.code}: {err.read()[:200]!r}",
-            type="RewardEndpointError", non_retryable=not retryable) from None
-    except (urllib.error.URLError, OSError) as err:  # refused, unresolvable, timed out
-        reason = getattr(err, "reason", err)
-        raise ApplicationError(f"reward endpoint {url} is unreachable: {reason}",
-                               type="RewardEndpointDown") from None
-    return _parse_answer(url, payload)
+@register_reward_kind("rule")
+def rule_reward(request: RewardRequest) -> RewardResult:
+    rule = request.reward.rule
+    return (_RULES[rule] if rule else _RULES.get(request.env_name, episode_return))(request)
 
 
-def _parse_answer(url: str, payload: bytes) -> RewardResult:
-    try:
-        answer = json.loads(payload)
-        reward = answer["reward"]
-        if isinstance(reward, bool) or not isinstance(reward, int | float):
-            raise TypeError("reward is not a number")
-        if not math.isfinite(reward):
-            raise ValueError("reward is not finite")
-        success = answer.get("success", reward > 0)
-        if not isinstance(success, bool):
-            raise TypeError("success is not a boolean")
-    except (ValueError, TypeError, KeyError, AttributeError) as err:
+register_reward_kind("http")(reward_remote.http_reward)
+register_reward_kind("http_poll")(reward_remote.http_poll_reward)
+register_reward_kind("lambda")(reward_remote.lambda_reward)
+
+
+def scorer_for(reward: RewardConfig, where: str) -> Scorer:
+    """The configured scorer, or a clear error naming what is registered."""
+    if reward.kind not in _KINDS:
         raise ApplicationError(
-            f"reward endpoint {url} answered {payload[:200]!r}: expected JSON "
-            f'{{"reward": number, "success": bool}} ({err})', type="MalformedReward",
-            non_retryable=True) from None
-    return RewardResult(reward=float(reward), success=success)
+            f"{where}.kind: unknown reward kind {reward.kind!r} (registered: {sorted(_KINDS)}; "
+            "a plugin adds one with @register_reward_kind)", type="UnknownReward",
+            non_retryable=True)
+    if reward.kind == "rule" and reward.rule and reward.rule not in _RULES:
+        raise ApplicationError(
+            f"{where}.rule: unknown reward rule {reward.rule!r} (registered: {sorted(_RULES)}; "
+            "a plugin adds one with @register_reward)", type="UnknownReward",
+            non_retryable=True)
+    return _KINDS[reward.kind]
+
+
+@activity.defn(name=Activity.REWARD_CHECK)
+def check_reward(reward: RewardConfig, where: str) -> None:
+    """Refuses a run whose domain names a kind or rule its reward pool does not know."""
+    scorer_for(reward, where)
 
 
 @activity.defn(name=Activity.REWARD_COMPUTE)
 def compute_reward(request: RewardRequest) -> RewardResult:
-    """Heartbeats while a slow rule or endpoint runs: a reward worker killed mid-score is
-    noticed after the heartbeat timeout, not the whole reward timeout."""
+    """Heartbeats while a slow scorer runs: a reward worker killed mid-score is noticed after
+    the heartbeat timeout, not the whole reward timeout."""
+    scorer = scorer_for(request.reward, f"domains.{request.domain}.reward")
+    info = activity.info()
+    queued = (info.started_time - info.current_attempt_scheduled_time).total_seconds()
+    began = time.monotonic()
     with heartbeating_thread():
-        if request.reward.kind == "http":
-            return http_reward(request)
-        return _RULES.get(request.env_name, episode_return)(request)
+        result = scorer(request)
+    return result.model_copy(update={
+        "kind": request.reward.kind, "compute_s": time.monotonic() - began,
+        "queue_s": max(queued, 0.0), "attempt": info.attempt})

@@ -87,27 +87,66 @@ class EnvTimeouts(StrictModel):
     first_retry_s: float = Field(1.0, gt=0)
 
 
-class RewardConfig(StrictModel):
-    """How a domain's finished trajectories are scored. rule: a registered function
-    (`@register_reward`; default: the episode's return). http: POST the trajectory to an
-    endpoint as JSON (trajectory_id, domain, env, prompt, response, actions, env_rewards,
-    final_info, label) with an Idempotency-Key header (the trajectory id), and read
-    {"reward": number, "success": bool (optional)}."""
+REWARD_KINDS_BUILT_IN = ("rule", "model", "http", "http_poll", "lambda")
 
-    kind: Literal["rule", "http"] = "rule"
-    url: str | None = Field(None, description="http: the endpoint (http:// or https://).")
+
+class RewardConfig(StrictModel):
+    """How a domain's finished trajectories are scored, on its reward pool.
+
+    rule: a function registered with `@register_reward(name)` (`rule`; default: the env's name,
+    else the episode's return). model: an LLM judge served by the reward pool's own engine (the
+    pool's `model`): `template` filled with the prompt and response, and the reward the
+    expectation of `verdicts` under the judge's next-token distribution restricted to them
+    (each verdict one token). http: POST the trajectory as JSON to `url` and read
+    {"reward": number, "success": bool (optional)}. http_poll: for rewards that run for minutes,
+    POST the same body and get {"job_id": ...} (or the answer at once), then GET `url/<job_id>`
+    every `poll_interval_s` until it answers with the reward (202 or {"status": "pending"}: not
+    yet). lambda: AWS Lambda's Invoke API through boto3 with the same body as the event. Any
+    other kind is one registered with `@register_reward_kind(name)` in a plugin; `options` is
+    handed to it. The body: trajectory_id, domain, env, prompt, response (the last action),
+    actions, env_rewards, final_info, label; the Idempotency-Key header (http) is the
+    trajectory id, so a retried reward is computed once."""
+
+    kind: str = Field("rule", pattern=r"^[A-Za-z_][A-Za-z0-9_.-]*$",
+                      description=f"One of {REWARD_KINDS_BUILT_IN} or a registered kind.")
+    rule: str | None = Field(None, description="rule: the registered rule; None: the env's.")
+    template: str = Field("{prompt} {response} correct?", description="model: the judge's "
+                          "prompt; {prompt}, {response} and {label} are filled in.")
+    verdicts: dict[str, float] = Field(
+        default_factory=lambda: {"yes": 1.0, "no": 0.0}, min_length=2,
+        description="model: the judge's answer words (one token each) and their rewards.")
+    success_at: float = Field(0.5, description="model: success when the reward reaches it.")
+    url: str | None = Field(None, description="http, http_poll: the endpoint (http(s)://).")
     api_key_env: str | None = Field(
-        None, description="http: environment variable with a key sent as 'Authorization: "
-        "Bearer ...' (read by the reward worker; never stored in the config).")
-    timeout_s: float = Field(30.0, gt=0, le=50, description="http: one request's timeout "
-                             "(within the reward activity's own 60 s).")
+        None, description="http, http_poll: environment variable with a key sent as "
+        "'Authorization: Bearer ...' (read by the reward worker; never stored in the config).")
+    timeout_s: float = Field(30.0, gt=0, le=50, description="One request's timeout (within "
+                             "the reward activity's own 60 s, or each poll of http_poll).")
+    poll_interval_s: float = Field(2.0, gt=0, le=60, description="http_poll: between polls.")
+    deadline_s: float = Field(600.0, gt=0, description="http_poll: how long one job may run.")
+    function: str | None = Field(None, description="lambda: the function's name or ARN.")
+    region: str = Field("us-east-1", description="lambda: the AWS region.")
+    endpoint_url: str | None = Field(
+        None, description="lambda: another endpoint speaking the Invoke API (a local one).")
+    options: dict[str, object] = Field(default_factory=dict,
+                                       description="Handed to a registered kind as is.")
+    attempts: int = Field(3, ge=1, le=20, description="Tries before the trajectory fails.")
+    backoff_s: float = Field(1.0, gt=0, description="First wait between tries; doubles, up "
+                             "to 30 s.")
 
     @model_validator(mode="after")
-    def _url_for_http(self) -> RewardConfig:
-        if self.kind == "http" and not (self.url or "").startswith(("http://", "https://")):
-            raise ValueError(f"reward.url: kind 'http' needs an http:// or https:// url, got "
-                             f"{self.url!r}")
+    def _endpoint_for_remote_kinds(self) -> RewardConfig:
+        if self.kind in ("http", "http_poll") and not (self.url or "").startswith(
+                ("http://", "https://")):
+            raise ValueError(f"reward.url: kind {self.kind!r} needs an http:// or https:// url, "
+                             f"got {self.url!r}")
+        if self.kind == "lambda" and not self.function:
+            raise ValueError("reward.function: kind 'lambda' needs the function's name")
         return self
+
+    def activity_timeout_s(self) -> float:
+        """The reward activity's start-to-close: one request, or a whole polled job."""
+        return self.deadline_s + self.timeout_s if self.kind == "http_poll" else 60.0
 
 
 class DomainConfig(StrictModel):
@@ -403,12 +442,31 @@ class PoolConfig(StrictModel):
     replicas: int = Field(1, ge=1)
     speculation: SpeculationConfig | None = Field(
         None, description="gen pools: speculative decoding (None: off).")
+    model: str | None = Field(
+        None, description="reward pools: an LLM judge each worker of the pool serves on its own "
+        "engine, for domains with reward.kind 'model' (a Hugging Face directory; 'policy': the "
+        "run's model as configured, before training).")
+    concurrency: int | None = Field(
+        None, ge=1, le=4096, description="env and reward pools: activities each worker runs "
+        "at once, the rest wait in the queue (None: env 64, reward 16; remote rewards are "
+        "mostly waiting and can take hundreds).")
+
+    def worker_slots(self) -> int:
+        """Activities one worker of the pool runs at once."""
+        return self.concurrency or {"env": 64, "reward": 16}.get(self.role, 1)
+
+    def slots(self) -> int:
+        """Activities the whole pool runs at once."""
+        return self.worker_slots() * self.replicas
 
     @model_validator(mode="after")
     def _speculation_on_gen_pools_only(self) -> PoolConfig:
         if self.speculation is not None and self.role != "gen":
             raise ValueError(f"pools: {self.role} pool {self.name!r} has a speculation table; "
                              "only gen pools speculate")
+        if self.model is not None and self.role != "reward":
+            raise ValueError(f"pools: {self.role} pool {self.name!r} has a model; only reward "
+                             "pools serve a judge (gen pools serve the policy)")
         return self
 
 
@@ -486,6 +544,10 @@ class RunConfig(StrictModel):
                     known = sorted(p.name for p in self.pools if p.role == role)
                     raise ValueError(f"domains.{key}.{field}: unknown {role} pool {name!r} "
                                      f"(declared: {known})")
+            if domain.reward.kind == "model" and self.pool(
+                    "reward", domain.reward_pool).model is None:
+                raise ValueError(f"domains.{key}.reward: kind 'model' needs a judge, but reward "
+                                 f"pool {domain.reward_pool!r} has no model")
         if ("train", self.trainer.pool) not in declared:
             raise ValueError(f"trainer.pool: unknown train pool {self.trainer.pool!r}")
         if self.simulation.enabled:

@@ -40,6 +40,7 @@ class Activity:
     GEN_GENERATE = "gen.generate"
     GEN_PING = "gen.ping"
     GEN_UPDATE_WEIGHTS = "gen.update_weights"
+    REWARD_CHECK = "reward.check"
     REWARD_COMPUTE = "reward.compute"
     TRAIN_BEGIN_RUN = "train.begin_run"
     TRAIN_STEP = "train.step"
@@ -204,6 +205,17 @@ class RewardRequest(BaseModel):
 class RewardResult(BaseModel):
     reward: float
     success: bool
+    kind: str = "rule"
+    compute_s: float = Field(0.0, description="The last attempt's time in the scorer.")
+    queue_s: float = Field(0.0, description="The last attempt's wait for a reward slot.")
+    attempt: int = 1
+    latency_s: float = Field(0.0, description="From the trajectory's end to its reward (set by "
+                             "the workflow: queueing, retries and scoring).")
+
+    def for_trajectory(self) -> dict[str, object]:
+        return {"reward": self.reward, "success": self.success, "reward_kind": self.kind,
+                "reward_latency_s": self.latency_s, "reward_queue_s": self.queue_s,
+                "reward_compute_s": self.compute_s}
 
 
 class TrajectoryResult(BaseModel):
@@ -227,7 +239,13 @@ class TrajectoryResult(BaseModel):
                                 "pick them up, went silent or failed.")
     env_restores: int = Field(0, description="Times its env was rebuilt on another env worker "
                               "after its own died.")
+    reward_kind: str = ""
+    reward_latency_s: float = 0.0
+    reward_queue_s: float = 0.0
+    reward_compute_s: float = 0.0
     error: str | None = None
+    failure: str | None = Field(None, description="'<phase>: <reason>' of a failed one, e.g. "
+                                "'reward: RewardEndpointDown', to count failures by reason.")
 
 
 class TrainSample(BaseModel):
@@ -361,6 +379,18 @@ class DomainMetrics(BaseModel):
     rerouted_turns: int = 0
 
 
+class RewardMetrics(BaseModel):
+    """One reward kind's work for the iteration's batch. Queue depth and busy share are means
+    over the iteration (Little's law: time waited or scored, over the iteration's length)."""
+
+    trajectories: int = 0
+    latency_s_p50: float = 0.0
+    latency_s_p99: float = Field(0.0, description="Trajectory end to reward, retries included.")
+    queue_s_p99: float = 0.0
+    queue_depth_mean: float = Field(0.0, description="Rewards waiting for a slot, on average.")
+    busy_share: float = Field(0.0, description="Share of its reward pools' slots spent scoring.")
+
+
 class IterationMetrics(BaseModel):
     iteration: int
     ended_at: datetime
@@ -386,6 +416,10 @@ class IterationMetrics(BaseModel):
     kl_estimate: float = 0.0
     learning: LearningStats | None = None
     domains: dict[str, DomainMetrics] = Field(default_factory=dict)
+    rewards: dict[str, RewardMetrics] = Field(default_factory=dict, description="By kind.")
+    failures: dict[str, int] = Field(
+        default_factory=dict, description="Trajectories failed since the previous iteration, "
+        "by '<phase>: <reason>'.")
     replicas: dict[str, ReplicaMetrics] = Field(
         default_factory=dict, description="Per replica queue, since the previous update.")
     missed_updates: list[str] = Field(

@@ -4,7 +4,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from rollart.config import load_config
+from rollart.config import RewardConfig, load_config
 
 
 def field_errors(**overrides) -> str:
@@ -56,6 +56,22 @@ def test_an_http_reward_needs_an_http_url():
     config = load_config(None, **{"domains.frozenlake.reward": {
         "kind": "http", "url": "https://rm.example/score"}})
     assert config.domains["frozenlake"].reward.url == "https://rm.example/score"
+    message = field_errors(**{"domains.frozenlake.reward": {"kind": "http_poll"}})
+    assert "reward.url: kind 'http_poll' needs an http:// or https:// url, got None" in message
+    message = field_errors(**{"domains.frozenlake.reward": {"kind": "lambda"}})
+    assert "reward.function: kind 'lambda' needs the function's name" in message
+    message = field_errors(**{"domains.frozenlake.reward": {"kind": "bad kind"}})
+    assert "domains.frozenlake.reward.kind" in message
+
+
+def test_a_polled_reward_gets_its_deadline_and_a_pool_its_slots():
+    polled = RewardConfig(kind="http_poll", url="http://rm/jobs", deadline_s=900)
+    assert polled.activity_timeout_s() > 900 and RewardConfig().activity_timeout_s() == 60
+    config = load_config(None, pools=[
+        {"name": "cpu", "role": r} for r in ("env", "gen", "train")] + [
+        {"name": "cpu", "role": "reward", "replicas": 2, "concurrency": 200}])
+    assert config.pool("reward", "cpu").slots() == 400
+    assert config.pool("env", "cpu").slots() == 64
 
 
 def test_unknown_key_is_rejected():
@@ -79,3 +95,15 @@ def test_cli_refuses_bad_config_before_starting_anything(tmp_path):
         assert result.returncode != 0
         assert expected in result.stderr, result.stderr
         assert not (run_dir / "temporal.db").exists()
+
+
+def test_the_stack_starts_a_worker_per_replica_of_every_pool(tmp_path):
+    from rollart.workers.stack import worker_commands
+
+    config = load_config(None, pools=[
+        {"name": "cpu", "role": r} for r in ("env", "gen", "train")] + [
+        {"name": "cpu", "role": "reward", "replicas": 2}])
+    commands = worker_commands(tmp_path / "run.toml", config)
+    assert sorted(commands) == ["control", "env.cpu", "gen.cpu.r0", "reward.cpu.r0",
+                                "reward.cpu.r1", "train.cpu"]
+    assert commands["reward.cpu.r1"][-4:] == ["--role", "reward", "--pool", "cpu"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import subprocess
+from collections import Counter
 from pathlib import Path
 
 import envs_for_tests  # noqa: F401  (registers the test environments)
@@ -12,6 +13,7 @@ import pytest
 from conftest import make_config
 from temporalio.client import WorkflowFailureError
 
+from rollart.config import RewardConfig
 from rollart.contracts import TrainingStatus
 from rollart.store import TrajectoryStore
 from rollart.workers.devserver import temporal_binary
@@ -50,7 +52,16 @@ async def test_async_run_trains_and_accounts_for_every_trajectory(temporal_serve
     assert ledger.failed <= len(failed_children) <= ledger.failed + ledger.evicted
     assert any("boom: the simulator crashed" in f for f in status.failures)
     assert [m.version for m in status.history] == [1, 2, 3]
+    failures = Counter()
     for metrics in status.history:
+        failures.update(metrics.failures)
+    assert 0 < sum(failures.values()) <= ledger.failed
+    assert set(failures) == {"step: EnvironmentError"}
+    for metrics in status.history:
+        reward = metrics.rewards["rule"]
+        assert reward.trajectories == metrics.trajectories
+        assert 0 <= reward.latency_s_p50 <= reward.latency_s_p99
+        assert 0 < reward.busy_share < 1 and reward.queue_depth_mean >= 0
         assert math.isfinite(metrics.loss)
         assert metrics.lag_max <= 1 and sum(metrics.lag_histogram.values()) == metrics.trajectories
         assert 0.0 <= metrics.stale_token_share <= 1.0
@@ -79,17 +90,23 @@ async def test_sync_never_trains_on_an_older_version(temporal_server, engine, tm
     assert versions == {(0,), (1,)}
 
 
-async def test_unknown_env_fails_the_run_up_front(temporal_server, engine, tmp_path):
+@pytest.mark.parametrize(("field", "value", "roles", "words"), [
+    ("env", "nosuchenv", ("control", "env"),
+     "domains.frozenlake.env: unknown environment 'nosuchenv'"),
+    ("reward", RewardConfig(kind="judge"), ("control", "env", "reward"),  # a plugin not loaded
+     "domains.frozenlake.reward.kind: unknown reward kind 'judge'")])
+async def test_an_unknown_env_or_reward_fails_the_run_up_front(temporal_server, engine,
+                                                               tmp_path, field, value, roles,
+                                                               words):
     config = make_config(temporal_server, tmp_path).model_copy(deep=True)
-    config.domains["frozenlake"].env = "nosuchenv"  # skips the CLI's check: the workflow must
-    async with in_process_fleet(config, engine, roles=("control", "env")) as client:
+    setattr(config.domains["frozenlake"], field, value)  # skips the CLI's check: the workflow
+    async with in_process_fleet(config, engine, roles=roles) as client:
         with pytest.raises(WorkflowFailureError) as failed:
             await client.execute_workflow(
-                TrainingWorkflow.run, TrainingInput(config=config), id="bad-env",
+                TrainingWorkflow.run, TrainingInput(config=config), id=f"bad-{field}",
                 task_queue=config.temporal.control_queue,
             )
-    assert "domains.frozenlake.env: unknown environment 'nosuchenv'" in str(
-        failed.value.cause.cause)
+    assert words in str(failed.value.cause.cause)
 
 
 async def test_temporal_cli_starts_a_run(temporal_server, engine, tmp_path):

@@ -8,6 +8,7 @@
   rollart replay ID        re-run a failed trajectory; its result re-enters the run if in time
   rollart ui RUN_DIR       reopen a finished run's histories in the Web UI
   rollart codec-server     decode encrypted payloads for the Web UI (temporal.encryption_key_env)
+  rollart lambda-local     serve reward handlers on a local Lambda Invoke API (reward.kind lambda)
 """
 
 from __future__ import annotations
@@ -358,6 +359,11 @@ def cmd_codec_server(args: argparse.Namespace) -> int:
     print(f"codec server on http://127.0.0.1:{args.port} for the Web UI at {origin} "
           "(set it as the UI's codec endpoint, or temporal.codec_endpoint); Ctrl-C stops",
           flush=True)
+    return _serve_until_stopped(server)
+
+
+def _serve_until_stopped(server) -> int:
+    """A local HTTP server in the foreground until Ctrl-C or SIGTERM."""
     _stop_on_sigterm()
     try:
         server.serve_forever()
@@ -366,6 +372,22 @@ def cmd_codec_server(args: argparse.Namespace) -> int:
     finally:
         server.server_close()
     return 0
+
+
+def cmd_lambda_local(args: argparse.Namespace) -> int:
+    from rollart.workers.lambda_local import LambdaLocal, load_handler
+
+    functions = {}
+    for item in args.function:
+        name, _, target = item.partition("=")
+        try:
+            functions[name] = load_handler(target, args.code_dir)
+        except (ValueError, ImportError, AttributeError) as err:
+            raise SystemExit(f"--function {item}: {err}") from None
+    server = LambdaLocal(functions, args.port, concurrency=args.concurrency)
+    print(f"Lambda Invoke API on {server.url} for {sorted(functions)} (set reward.endpoint_url "
+          "to it); Ctrl-C stops", flush=True)
+    return _serve_until_stopped(server)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -407,6 +429,15 @@ def build_parser() -> argparse.ArgumentParser:
     codec.add_argument("--port", type=int, default=8081)
     codec.add_argument("--ui-origin", help="the Web UI's origin (default: the config's UI)")
     codec.set_defaults(func=cmd_codec_server)
+    local = commands.add_parser("lambda-local")
+    local.add_argument("--function", action="append", required=True, metavar="NAME=MOD:FUNC",
+                       help="a function name and its handler, e.g. score=my_rewards:handler")
+    local.add_argument("--code-dir", default=".", help="where handler modules are imported "
+                       "from (Lambda's task root; default: here)")
+    local.add_argument("--port", type=int, default=9001)
+    local.add_argument("--concurrency", type=int, default=1000,
+                       help="invocations at once per server; more are throttled (HTTP 429)")
+    local.set_defaults(func=cmd_lambda_local)
     ui = commands.add_parser("ui")
     ui.add_argument("run_dir")
     ui.add_argument("--port", type=int, default=7233)

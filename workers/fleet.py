@@ -107,6 +107,24 @@ class _all:  # enter and exit several workers as one
             await worker.__aexit__(*exc)
 
 
+async def _serve_judge(config: RunConfig, model: str, closers: list) -> None:
+    """Start the pool's judge engine and make it the `model` reward kind of this process."""
+    from rollart.activities.reward import register_reward_kind
+    from rollart.activities.reward_model import ModelJudge
+    from rollart.policy.engine import PolicyEngine
+    from rollart.policy.model import resolve_model_path
+
+    path = resolve_model_path(config.model.path if model == "policy" else model,
+                              config.model.seed)
+    engine = PolicyEngine(path, config.engine, seed=config.model.seed)
+    closers.append(engine.shutdown)
+    await engine.start()
+    judge = ModelJudge(engine, asyncio.get_running_loop(),
+                       max_prompt_tokens=config.engine.max_model_len - 1)
+    register_reward_kind("model")(judge.score)
+    log.info("reward judge %s serving", path)
+
+
 async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str = "cpu",
                         replica: int = 0, closers: list | None = None,
                         engine=None) -> list[Worker]:
@@ -140,17 +158,23 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
             slot or f"{os.getpid()}-{uuid.uuid4().hex[:6]}")
         own_queue = f"{pool_queue('env', pool)}.{worker_id}"
         envs = EnvActivities(own_queue)
-        executor = ThreadPoolExecutor(max_workers=64)
+        slots = config.pool("env", pool).worker_slots()
+        executor = ThreadPoolExecutor(max_workers=slots)
         activities = [envs.check, envs.reset, envs.restore, envs.step, envs.close]
         return [Worker(client, task_queue=queue, activities=activities,
-                       activity_executor=executor, max_concurrent_activities=64)
+                       activity_executor=executor, max_concurrent_activities=slots)
                 for queue in (pool_queue("env", pool), own_queue)]
     if role == "reward":
-        from rollart.activities.reward import compute_reward
+        from rollart.activities.reward import check_reward, compute_reward
 
-        return [Worker(client, task_queue=pool_queue("reward", pool), activities=[compute_reward],
-                       activity_executor=ThreadPoolExecutor(max_workers=16),
-                       max_concurrent_activities=16)]
+        judge = config.pool("reward", pool).model
+        if judge is not None:
+            await _serve_judge(config, judge, closers)
+        slots = config.pool("reward", pool).worker_slots()
+        return [Worker(client, task_queue=pool_queue("reward", pool),
+                       activities=[check_reward, compute_reward],
+                       activity_executor=ThreadPoolExecutor(max_workers=slots),
+                       max_concurrent_activities=slots)]
     if role == "gen":
         from rollart.activities.generate import GenerateActivities
         from rollart.policy.engine import PolicyEngine

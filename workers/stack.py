@@ -37,8 +37,11 @@ def worker_commands(config_file: Path, config: RunConfig) -> dict[str, list[str]
             for replica in range(pool.replicas):
                 commands[f"gen.{pool.name}.r{replica}"] = base + [
                     "--role", "gen", "--pool", pool.name, "--replica", str(replica)]
-        else:
-            commands[f"{pool.role}.{pool.name}"] = base + ["--role", pool.role, "--pool", pool.name]
+        else:  # env and reward pools: `replicas` interchangeable workers on the pool's queue
+            for replica in range(pool.replicas):
+                suffix = f".r{replica}" if pool.replicas > 1 else ""
+                commands[f"{pool.role}.{pool.name}{suffix}"] = base + [
+                    "--role", pool.role, "--pool", pool.name]
     return commands
 
 

@@ -17,6 +17,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.workflows.trajectory import (
         DONE_SIGNAL,
         close_env,
+        failure_reason,
         generate_turn,
         reset_env,
         score,
@@ -35,7 +36,8 @@ class BatchRolloutWorkflow:
             message = f"lockstep batch {workflow.info().workflow_id} failed: {cause}"
             await self._report([TrajectoryResult(
                 trajectory_id=s.trajectory_id, group_id=s.group_id, domain=s.domain,
-                status="failed", start_version=s.start_version, error=message) for s in specs])
+                status="failed", start_version=s.start_version, error=message,
+                failure=failure_reason("lockstep", err)) for s in specs])
             raise ApplicationError(message, type="BatchFailed", non_retryable=True) from err
         await self._report(results)
         return results
@@ -91,6 +93,5 @@ class BatchRolloutWorkflow:
         scores = await asyncio.gather(*(
             score(spec, rewards[i], infos[i], resets[i].observation, actions[i])
             for i, spec in enumerate(specs)))
-        for result, reward in zip(results, scores, strict=True):
-            result.reward, result.success = reward.reward, reward.success
-        return results
+        return [result.model_copy(update=reward.for_trajectory())
+                for result, reward in zip(results, scores, strict=True)]

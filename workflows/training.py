@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import math
 from collections import Counter
 from datetime import timedelta
 
@@ -33,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         Activity,
         DomainMetrics,
         IterationMetrics,
+        RewardMetrics,
         RolloutShape,
         TrainingStatus,
         TrainRequest,
@@ -62,6 +64,7 @@ KEPT_HISTORY = 200
 KEPT_FAILURES = 20
 KEPT_REDUNDANT_IDS = 1000
 CANCEL_IN_PARALLEL = "cancel-in-parallel"
+CHECK_REWARDS = "check-rewards"
 
 
 class TrainingState(BaseModel):
@@ -71,6 +74,8 @@ class TrainingState(BaseModel):
     buffer: SampleBuffer
     history: list[IterationMetrics] = Field(default_factory=list)
     failures: list[str] = Field(default_factory=list)
+    failures_by_reason: dict[str, int] = Field(default_factory=dict, description="Since the "
+                                               "previous iteration's metrics.")
     redundant_ids: list[str] = Field(default_factory=list)
     redundant_kept: RolloutShape = Field(default_factory=RolloutShape)
     redundant_cancelled: RolloutShape = Field(default_factory=RolloutShape)
@@ -124,6 +129,8 @@ class TrainingWorkflow:
         if result.status != "completed" and state.buffer.owner(result.trajectory_id):
             error = result.error or "cancelled outside the training run"
             state.failures = (state.failures + [error])[-KEPT_FAILURES:]
+            reason = result.failure or "cancelled outside the training run"
+            state.failures_by_reason[reason] = state.failures_by_reason.get(reason, 0) + 1
             result = result.model_copy(update={"status": "failed", "error": error})
         decision = state.buffer.record(result)
         state.redundant_ids = (state.redundant_ids + decision.cancel)[-KEPT_REDUNDANT_IDS:]
@@ -155,14 +162,21 @@ class TrainingWorkflow:
         return self.status()
 
     async def _begin(self, cfg: RunConfig) -> None:
-        """Refuse an unknown environment before anything starts; have the trainer start from
-        the configured model and the engines from the trainer's weights."""
+        """Refuse an unknown environment or reward before anything starts; have the trainer
+        start from the configured model and the engines from the trainer's weights."""
         for key, domain in cfg.domains.items():
             await workflow.execute_activity(
                 Activity.ENV_CHECK, args=[domain.env, f"domains.{key}.env"],
                 task_queue=pool_queue("env", domain.pool), start_to_close_timeout=CHECK_TIMEOUT,
                 retry_policy=RetryPolicy(maximum_attempts=3),
             )
+            if workflow.patched(CHECK_REWARDS):
+                await workflow.execute_activity(
+                    Activity.REWARD_CHECK, args=[domain.reward, f"domains.{key}.reward"],
+                    task_queue=pool_queue("reward", domain.reward_pool),
+                    start_to_close_timeout=CHECK_TIMEOUT,
+                    retry_policy=RetryPolicy(maximum_attempts=3),
+                )
         initial = await workflow.execute_activity(
             Activity.TRAIN_BEGIN_RUN, workflow.info().workflow_id, result_type=UpdateWeightsRequest,
             task_queue=pool_queue("train", cfg.trainer.pool),
@@ -340,8 +354,13 @@ class TrainingWorkflow:
             mixed_version_trajectories=sum(r.mixed_versions for r in kept),
             ratio_mean=train.ratio_mean, ratio_max=train.ratio_max,
             kl_estimate=train.kl_estimate, learning=train.learning,
-            domains=domain_metrics(kept),
+            domains=domain_metrics(kept), rewards=reward_metrics(kept, self.config, step_s),
+            failures=self._take_failures(),
         )
+
+    def _take_failures(self) -> dict[str, int]:
+        failures, self.state.failures_by_reason = self.state.failures_by_reason, {}
+        return dict(sorted(failures.items()))
 
     async def _cancel(self, trajectory_ids: list[str]) -> None:
         """All at once: one by one, each request waited for a workflow task (measured: 49
@@ -425,6 +444,35 @@ def domain_metrics(results: list[TrajectoryResult]) -> dict[str, DomainMetrics]:
         )
         for name, rs in sorted(by_domain.items())
     }
+
+
+def reward_metrics(results: list[TrajectoryResult], cfg: RunConfig,
+                   window_s: float) -> dict[str, RewardMetrics]:
+    by_kind: dict[str, list[TrajectoryResult]] = {}
+    for result in results:
+        if result.reward_kind:
+            by_kind.setdefault(result.reward_kind, []).append(result)
+    window_s = max(window_s, 1e-9)
+    metrics = {}
+    for kind, rs in sorted(by_kind.items()):
+        pools = {cfg.domains[r.domain].reward_pool for r in rs if r.domain in cfg.domains}
+        slots = sum(cfg.pool("reward", name).slots() for name in pools) or 1
+        latencies = [r.reward_latency_s for r in rs]
+        metrics[kind] = RewardMetrics(
+            trajectories=len(rs), latency_s_p50=quantile(latencies, 0.5),
+            latency_s_p99=quantile(latencies, 0.99),
+            queue_s_p99=quantile([r.reward_queue_s for r in rs], 0.99),
+            queue_depth_mean=sum(r.reward_queue_s for r in rs) / window_s,
+            busy_share=sum(r.reward_compute_s for r in rs) / (window_s * slots))
+    return metrics
+
+
+def quantile(values: list[float], q: float) -> float:
+    """Nearest rank: the smallest value with at least a share q of them at or below it."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    return ordered[max(math.ceil(q * len(ordered)) - 1, 0)]
 
 
 def _mean(values: list[float]) -> float:

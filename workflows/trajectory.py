@@ -46,10 +46,8 @@ with workflow.unsafe.imports_passed_through():
     from rollart.search_attributes import FAILED_IN, RUN
 
 GENERATE_HEARTBEAT = timedelta(seconds=10)
-REWARD_TIMEOUT = timedelta(seconds=60)
 REWARD_HEARTBEAT = timedelta(seconds=10)
-REWARD_RETRY = RetryPolicy(initial_interval=timedelta(seconds=1), backoff_coefficient=2.0,
-                           maximum_attempts=3)
+REWARD_MAX_BACKOFF = timedelta(seconds=30)
 GENERATE_ATTEMPTS = 5
 GENERATE_SENDS = 20
 ONLY_REPLICA_PICKUP = timedelta(minutes=10)
@@ -226,15 +224,35 @@ async def close_env(spec: TrajectorySpec, worker_queue: str) -> None:
 
 async def score(spec: TrajectorySpec, rewards: list[float], info: dict[str, object],
                 prompt: str, actions: list[str]) -> RewardResult:
-    return await workflow.execute_activity(
+    """Scores with the domain's reward; the result says how long it took from the moment the
+    trajectory ended (`latency_s`: queueing, retries and the scoring itself)."""
+    cfg, ended = spec.reward, workflow.now()
+    result = await workflow.execute_activity(
         Activity.REWARD_COMPUTE,
         RewardRequest(trajectory_id=spec.trajectory_id, env_name=spec.env_name,
                       env_rewards=rewards, final_info=info, domain=spec.domain,
-                      reward=spec.reward, prompt=prompt, actions=actions),
+                      reward=cfg, prompt=prompt, actions=actions),
         result_type=RewardResult, task_queue=spec.reward_queue,
-        start_to_close_timeout=REWARD_TIMEOUT, heartbeat_timeout=REWARD_HEARTBEAT,
-        retry_policy=REWARD_RETRY,
+        start_to_close_timeout=timedelta(seconds=cfg.activity_timeout_s()),
+        heartbeat_timeout=REWARD_HEARTBEAT,
+        retry_policy=RetryPolicy(initial_interval=timedelta(seconds=cfg.backoff_s),
+                                 backoff_coefficient=2.0, maximum_interval=REWARD_MAX_BACKOFF,
+                                 maximum_attempts=cfg.attempts),
     )
+    result.latency_s = (workflow.now() - ended).total_seconds()
+    return result
+
+
+def failure_reason(phase: str, err: ActivityError) -> str:
+    """'<phase>: <the error's type>', few enough distinct values to count by."""
+    cause = err.cause
+    if isinstance(cause, ApplicationError) and cause.type:
+        reason = cause.type
+    elif isinstance(cause, TimeoutError):
+        reason = f"{cause.type.name.lower()} timeout" if cause.type is not None else "timeout"
+    else:
+        reason = type(cause).__name__ if cause is not None else type(err).__name__
+    return f"{phase}: {reason}"
 
 
 @workflow.defn
@@ -277,7 +295,8 @@ class TrajectoryWorkflow:
         if workflow.info().typed_search_attributes.get(RUN) is not None:  # so they exist
             workflow.upsert_search_attributes([FAILED_IN.value_set(self.phase)])
         await self._release_env(spec)
-        await self._report(self.partial.model_copy(update={"status": "failed", "error": message}))
+        await self._report(self.partial.model_copy(update={
+            "status": "failed", "error": message, "failure": failure_reason(self.phase, err)}))
         raise ApplicationError(message, type="TrajectoryFailed", non_retryable=True) from err
 
     async def _episode(self, spec: TrajectorySpec) -> TrajectoryResult:
@@ -313,8 +332,8 @@ class TrajectoryWorkflow:
         reward = await score(spec, rewards, info, reset.observation, self.actions)
         self.phase = "done"
         return partial.model_copy(update={
-            "status": "completed", "reward": reward.reward, "success": reward.success,
-            "mixed_versions": partial.mixed_versions or len(versions) > 1,
+            "status": "completed", "mixed_versions": partial.mixed_versions or len(versions) > 1,
+            **reward.for_trajectory(),
         })
 
     async def _step(self, spec: TrajectorySpec, reset: EnvResetResult,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import os
 import time
 import uuid
@@ -132,15 +133,16 @@ class PolicyEngine:
     def decode(self, token_ids: list[int]) -> str:
         return self.tokenizer.decode(token_ids, skip_special_tokens=True)
 
-    def single_token_ids(self, words: list[str]) -> list[int]:
-        """The token id of each word; raises if a word is not exactly one token."""
+    def single_token_ids(self, words: list[str],
+                         field: str = "sampling.constrain_to_actions: action") -> list[int]:
+        """The token id of each word; raises, naming `field`, if a word is not one token."""
         ids = []
         for word in words:
             encoded = self.encode(word)
             if len(encoded) != 1:
                 raise ValueError(
-                    f"sampling.constrain_to_actions: action {word!r} is {len(encoded)} tokens "
-                    f"for this tokenizer; constrained decoding needs single-token actions"
+                    f"{field} {word!r} is {len(encoded)} tokens for this tokenizer; "
+                    f"constrained decoding needs single tokens"
                 )
             ids.append(encoded[0])
         return ids
@@ -196,6 +198,26 @@ class PolicyEngine:
             cached_tokens=final.num_cached_tokens or 0,
             versions=versions,
         )
+
+    async def next_token_distribution(self, prompt_ids: list[int],
+                                      token_ids: list[int]) -> list[float]:
+        """P(next token = each of `token_ids` | prompt), renormalized over them: a judge's
+        verdict as a distribution, so its reward is an expectation rather than one draw."""
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+        from vllm.sampling_params import RequestOutputKind
+
+        params = SamplingParams(temperature=1.0, max_tokens=1, logprobs=len(token_ids),
+                                allowed_token_ids=token_ids, detokenize=False,
+                                output_kind=RequestOutputKind.FINAL_ONLY)
+        final = None
+        async for output in self.llm.generate(TokensPrompt(prompt_token_ids=prompt_ids),
+                                              params, uuid.uuid4().hex):
+            final = output
+        step = final.outputs[0].logprobs[0]
+        weights = [math.exp(step[t].logprob) if t in step else 0.0 for t in token_ids]
+        total = sum(weights)
+        return [w / total for w in weights]
 
     @property
     def running_requests(self) -> int:
