@@ -2,7 +2,8 @@
 domain's reward before a run starts.
 
 A domain's `reward.kind` names a scorer. Built in: rule (a function registered with
-`@register_reward(name)`; default the episode's return), http, http_poll and lambda (see
+`@register_reward(name)`; default the episode's return), model (an LLM judge, see
+rollart.activities.reward_model), http, http_poll and lambda (see
 rollart.activities.reward_remote). A plugin adds a kind, a reward model or another serverless
 platform, with `@register_reward_kind(name)`: a function from RewardRequest to RewardResult
 that runs on a reward worker thread, its config in `reward.options`.
@@ -18,6 +19,7 @@ from temporalio.exceptions import ApplicationError
 
 from rollart.activities import reward_remote
 from rollart.activities.heartbeat import heartbeating_thread
+from rollart.activities.reward_model import JUDGE
 from rollart.config import RewardConfig
 from rollart.contracts import Activity, RewardRequest, RewardResult
 
@@ -57,6 +59,7 @@ def rule_reward(request: RewardRequest) -> RewardResult:
     return (_RULES[rule] if rule else _RULES.get(request.env_name, episode_return))(request)
 
 
+register_reward_kind("model")(JUDGE.score)
 register_reward_kind("http")(reward_remote.http_reward)
 register_reward_kind("http_poll")(reward_remote.http_poll_reward)
 register_reward_kind("lambda")(reward_remote.lambda_reward)

@@ -7,7 +7,6 @@ MalformedReward or RewardEndpointError for answers that no retry would change.""
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -132,9 +131,9 @@ def lambda_reward(request: RewardRequest) -> RewardResult:
 
 
 _CLIENT_LOCK = threading.Lock()
+_CLIENTS: dict[tuple[str, str | None, float], object] = {}
 
 
-@functools.lru_cache(maxsize=16)
 def _lambda_client(region: str, endpoint_url: str | None, timeout_s: float):
     """One client per endpoint, shared by the reward threads (clients are thread-safe;
     creating one is not, and costs tens of ms). botocore's own retries are off: the workflow's
@@ -142,11 +141,15 @@ def _lambda_client(region: str, endpoint_url: str | None, timeout_s: float):
     import boto3
     from botocore.config import Config
 
+    key = (region, endpoint_url, timeout_s)
     with _CLIENT_LOCK:
-        return boto3.session.Session().client(
-            "lambda", region_name=region, endpoint_url=endpoint_url,
-            config=Config(retries={"total_max_attempts": 1, "mode": "standard"}, connect_timeout=5,
-                          read_timeout=timeout_s, max_pool_connections=64))
+        if key not in _CLIENTS:
+            _CLIENTS[key] = boto3.session.Session().client(
+                "lambda", region_name=region, endpoint_url=endpoint_url,
+                config=Config(retries={"total_max_attempts": 1, "mode": "standard"},
+                              connect_timeout=5, read_timeout=timeout_s,
+                              max_pool_connections=64))
+        return _CLIENTS[key]
 
 
 def _json(url: str, payload: bytes) -> dict:
@@ -170,10 +173,13 @@ def parse_answer(source: str, payload: bytes) -> RewardResult:
         success = answer.get("success", reward > 0)
         if not isinstance(success, bool):
             raise TypeError("success is not a boolean")
+        remote_s = answer.get("compute_s", 0.0)
+        if isinstance(remote_s, bool) or not isinstance(remote_s, int | float):
+            raise TypeError("compute_s is not a number")
     except (ValueError, TypeError, KeyError, AttributeError) as err:
         raise _malformed(source, payload, f'expected {{"reward": number, "success": bool}} '
                          f"({err})") from None
-    return RewardResult(reward=float(reward), success=success)
+    return RewardResult(reward=float(reward), success=success, remote_s=float(remote_s))
 
 
 def _malformed(source: str, payload: bytes, expected: str) -> ApplicationError:

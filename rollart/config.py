@@ -95,12 +95,13 @@ class RewardConfig(StrictModel):
 
     rule: a function registered with `@register_reward(name)` (`rule`; default: the env's name,
     else the episode's return). model: an LLM judge served by the reward pool's own engine (the
-    pool's `model`): `template` filled with the prompt and response, and the reward the
-    expectation of `verdicts` under the judge's next-token distribution restricted to them
-    (each verdict one token). http: POST the trajectory as JSON to `url` and read
-    {"reward": number, "success": bool (optional)}. http_poll: for rewards that run for minutes,
-    POST the same body and get {"job_id": ...} (or the answer at once), then GET `url/<job_id>`
-    every `poll_interval_s` until it answers with the reward (202 or {"status": "pending"}: not
+    pool's `model`): `template` filled with the episode, and the reward the expectation of
+    `verdicts` under the judge's next-token distribution restricted to them (each verdict one
+    token). http: POST the trajectory as JSON to `url` and read {"reward": number, "success":
+    bool (optional), "compute_s": the endpoint's own compute (optional; the rest of the call
+    is reported as remote overhead)}. http_poll: for rewards that run for minutes, POST the
+    same body and get {"job_id": ...} (or the answer at once), then GET `url/<job_id>` every
+    `poll_interval_s` until it answers with the reward (202 or {"status": "pending"}: not
     yet). lambda: AWS Lambda's Invoke API through boto3 with the same body as the event. Any
     other kind is one registered with `@register_reward_kind(name)` in a plugin; `options` is
     handed to it. The body: trajectory_id, domain, env, prompt, response (the last action),
@@ -111,7 +112,8 @@ class RewardConfig(StrictModel):
                       description=f"One of {REWARD_KINDS_BUILT_IN} or a registered kind.")
     rule: str | None = Field(None, description="rule: the registered rule; None: the env's.")
     template: str = Field("{prompt} {response} correct?", description="model: the judge's "
-                          "prompt; {prompt}, {response} and {label} are filled in.")
+                          "prompt; {prompt}, {response} (the last action), {actions} (all) "
+                          "and {label} are filled in.")
     verdicts: dict[str, float] = Field(
         default_factory=lambda: {"yes": 1.0, "no": 0.0}, min_length=2,
         description="model: the judge's answer words (one token each) and their rewards.")
@@ -358,6 +360,12 @@ class SimulationConfig(StrictModel):
                                     "(200 Gb/s RDMA): push and pull each move the whole model.")
     weight_load_gb_s: float = Field(20.0, gt=0, description="Host -> GPU while a replica is "
                                     "suspended (PCIe 5 x16, effective).")
+    judge_prompt_tokens: float = Field(
+        8192, ge=1, description="Simulated tokens a reward model (kind 'model') prefills per "
+        "verdict: the whole agentic episode it reads, whatever the real judge prompt.")
+    judge_tokens: float = Field(
+        512, ge=1, description="Simulated tokens a reward model decodes per verdict: a "
+        "generative judge reasons before it answers.")
 
     @model_validator(mode="after")
     def _check_hardware(self) -> SimulationConfig:
@@ -446,6 +454,10 @@ class PoolConfig(StrictModel):
         None, description="reward pools: an LLM judge each worker of the pool serves on its own "
         "engine, for domains with reward.kind 'model' (a Hugging Face directory; 'policy': the "
         "run's model as configured, before training).")
+    colocate_with: str | None = Field(
+        None, description="reward pools with a model: serve the judge on this gen pool's "
+        "replicas instead of workers of its own (the judge's requests share the replicas' "
+        "steps; simulated compute only).")
     concurrency: int | None = Field(
         None, ge=1, le=4096, description="env and reward pools: activities each worker runs "
         "at once, the rest wait in the queue (None: env 64, reward 16; remote rewards are "
@@ -467,6 +479,9 @@ class PoolConfig(StrictModel):
         if self.model is not None and self.role != "reward":
             raise ValueError(f"pools: {self.role} pool {self.name!r} has a model; only reward "
                              "pools serve a judge (gen pools serve the policy)")
+        if self.colocate_with is not None and self.model is None:
+            raise ValueError(f"pools: reward pool {self.name!r} colocates a judge with gen pool "
+                             f"{self.colocate_with!r} but has no model")
         return self
 
 
@@ -548,13 +563,24 @@ class RunConfig(StrictModel):
                     "reward", domain.reward_pool).model is None:
                 raise ValueError(f"domains.{key}.reward: kind 'model' needs a judge, but reward "
                                  f"pool {domain.reward_pool!r} has no model")
+        for p in self.pools:
+            if p.colocate_with is None:
+                continue
+            if ("gen", p.colocate_with) not in declared:
+                raise ValueError(f"pools: reward pool {p.name!r} colocates with unknown gen pool "
+                                 f"{p.colocate_with!r}")
+            if not self.simulation.enabled:
+                raise ValueError(f"pools: reward pool {p.name!r}: colocate_with needs "
+                                 "simulation.enabled (a real colocated judge would need a second "
+                                 "engine on the replica's device; give the judge its own pool)")
         if ("train", self.trainer.pool) not in declared:
             raise ValueError(f"trainer.pool: unknown train pool {self.trainer.pool!r}")
         if self.simulation.enabled:
             for p in self.pools:
-                if p.role == "gen" and p.hardware not in self.simulation.hardware:
+                if (p.role == "gen" or (p.model and not p.colocate_with)) and (
+                    p.hardware not in self.simulation.hardware):
                     raise ValueError(
-                        f"pools: gen pool {p.name!r} has hardware {p.hardware!r}, which "
+                        f"pools: {p.role} pool {p.name!r} has hardware {p.hardware!r}, which "
                         f"simulation.hardware does not describe "
                         f"(declared: {sorted(self.simulation.hardware)})")
         return self

@@ -211,11 +211,13 @@ class RewardResult(BaseModel):
     attempt: int = 1
     latency_s: float = Field(0.0, description="From the trajectory's end to its reward (set by "
                              "the workflow: queueing, retries and scoring).")
+    remote_s: float = Field(0.0, description="The endpoint's own compute, when its answer "
+                            "says (`compute_s`): the rest of compute_s is remote overhead.")
 
     def for_trajectory(self) -> dict[str, object]:
         return {"reward": self.reward, "success": self.success, "reward_kind": self.kind,
                 "reward_latency_s": self.latency_s, "reward_queue_s": self.queue_s,
-                "reward_compute_s": self.compute_s}
+                "reward_compute_s": self.compute_s, "reward_remote_s": self.remote_s}
 
 
 class TrajectoryResult(BaseModel):
@@ -243,6 +245,7 @@ class TrajectoryResult(BaseModel):
     reward_latency_s: float = 0.0
     reward_queue_s: float = 0.0
     reward_compute_s: float = 0.0
+    reward_remote_s: float = 0.0
     error: str | None = None
     failure: str | None = Field(None, description="'<phase>: <reason>' of a failed one, e.g. "
                                 "'reward: RewardEndpointDown', to count failures by reason.")
@@ -389,6 +392,8 @@ class RewardMetrics(BaseModel):
     queue_s_p99: float = 0.0
     queue_depth_mean: float = Field(0.0, description="Rewards waiting for a slot, on average.")
     busy_share: float = Field(0.0, description="Share of its reward pools' slots spent scoring.")
+    remote_overhead_s_p99: float = Field(
+        0.0, description="Of endpoints that report their compute: the call's time beyond it.")
 
 
 class IterationMetrics(BaseModel):

@@ -107,3 +107,18 @@ def test_the_stack_starts_a_worker_per_replica_of_every_pool(tmp_path):
     assert sorted(commands) == ["control", "env.cpu", "gen.cpu.r0", "reward.cpu.r0",
                                 "reward.cpu.r1", "train.cpu"]
     assert commands["reward.cpu.r1"][-4:] == ["--role", "reward", "--pool", "cpu"]
+
+
+def test_a_judge_pool_is_checked_against_the_domains_and_gen_pools():
+    pools = [{"name": "cpu", "role": r} for r in ("env", "gen", "reward", "train")]
+    judge = {"domains.frozenlake.reward": {"kind": "model"}}
+    assert "kind 'model' needs a judge, but reward pool 'cpu' has no model" in field_errors(
+        **judge)
+    colocated = {"name": "judge", "role": "reward", "model": "policy", "colocate_with": "cpu"}
+    assert "colocate_with needs simulation.enabled" in field_errors(pools=pools + [colocated])
+    assert "colocates with unknown gen pool 'h20'" in field_errors(
+        pools=pools + [{**colocated, "colocate_with": "h20"}])
+    assert "colocates a judge with gen pool 'cpu' but has no model" in field_errors(
+        pools=pools + [{**colocated, "model": None}])
+    assert "only reward pools serve a judge" in field_errors(
+        pools=[{**p, "model": "policy"} if p["role"] == "gen" else p for p in pools])

@@ -29,7 +29,8 @@ def judged(prompt: str, **reward) -> RewardRequest:
 
 
 async def test_the_judges_reward_is_its_verdict_distributions_expectation(engine):
-    judge = ModelJudge(engine, asyncio.get_running_loop(), max_prompt_tokens=100)
+    judge = ModelJudge()
+    judge.add_engine(engine, asyncio.get_running_loop())
     prompts = ["P F F F", "F H F G", "P F H G", "F F F F"] * 4
     results = await asyncio.gather(*(asyncio.to_thread(judge.score, judged(p)) for p in prompts))
     rewards = [r.reward for r in results]

@@ -16,7 +16,7 @@ from rollart.activities.env import EnvActivities
 from rollart.config import EngineConfig, InjectedFaults, SimulationConfig, load_config
 from rollart.contracts import EnvResetRequest, EnvStepRequest, TrainingStatus
 from rollart.simulation.costs import CostModel, train_cost
-from rollart.simulation.engine import SimulatedEngine
+from rollart.simulation.engine import Device, SimulatedEngine
 from rollart.workers.fleet import in_process_fleet
 from rollart.workflows.training import TrainingInput, TrainingWorkflow
 
@@ -80,6 +80,35 @@ async def test_concurrent_decodes_share_steps(model_path):
         assert alone.logprobs == [pytest.approx(-0.6931, abs=1e-3)] * 4
     finally:
         engine.shutdown()
+
+
+async def test_a_judge_on_the_policys_device_takes_turns_with_it(model_path):
+    """Two engines on one device step one at a time (a judge colocated with the policy): the
+    policy's decode then lasts about as long as both; on a device of its own, as long as its
+    own."""
+    config = SimulationConfig(time_scale=0.2, answer_token_scale=32, judge_prompt_tokens=2048,
+                              judge_tokens=128)
+
+    async def policy_s(shared: bool) -> float:
+        device = Device()
+        policy, judge = [await SimulatedEngine(model_path, EngineConfig(), config, "h800",
+                                               device=device if k == 0 or shared else None
+                                               ).start() for k in range(2)]
+        try:
+            started = time.perf_counter()
+            verdict = asyncio.ensure_future(judge.next_token_distribution([3, 4, 5], [3, 4]))
+            await policy.generate([3, 4, 5], max_tokens=4, temperature=1.0,
+                                  allowed_token_ids=[3, 4], ignore_eos=True)
+            took = time.perf_counter() - started
+            assert sum(await verdict) == pytest.approx(1.0)
+            return took
+        finally:
+            policy.shutdown()
+            judge.shutdown()
+
+    alone, shared = await policy_s(False), await policy_s(True)
+    # 128 decode steps of ~6.8 ms each, x 0.2: about 0.17 s alone
+    assert 0.1 < alone < 0.4 and shared > 1.6 * alone
 
 
 async def test_a_turn_that_stays_hits_the_prefix_cache(model_path):

@@ -62,7 +62,7 @@ async def in_process_fleet(config: RunConfig, engine=None,
                 workers += await build_workers(config, client, role, closers=closers)
                 continue
             for pool in (p for p in config.pools if p.role == role):
-                for replica in range(pool.replicas if role == "gen" else 1):
+                for replica in range(pool.replicas if role in ("gen", "reward") else 1):
                     workers += await build_workers(config, client, role, pool.name, replica,
                                                    closers=closers, engine=engine)
         async with _all(workers):
@@ -107,22 +107,50 @@ class _all:  # enter and exit several workers as one
             await worker.__aexit__(*exc)
 
 
-async def _serve_judge(config: RunConfig, model: str, closers: list) -> None:
-    """Start the pool's judge engine and make it the `model` reward kind of this process."""
-    from rollart.activities.reward import register_reward_kind
-    from rollart.activities.reward_model import ModelJudge
-    from rollart.policy.engine import PolicyEngine
+async def _serve_judge(config: RunConfig, pool: str, closers: list, device=None) -> None:
+    """Start one judge engine for the reward pool and serve this process's `model` rewards
+    on it; in simulated compute, on `device` when it shares a gen replica's."""
+    from rollart.activities.reward_model import JUDGE
     from rollart.policy.model import resolve_model_path
 
-    path = resolve_model_path(config.model.path if model == "policy" else model,
+    spec = config.pool("reward", pool)
+    path = resolve_model_path(config.model.path if spec.model == "policy" else spec.model,
                               config.model.seed)
-    engine = PolicyEngine(path, config.engine, seed=config.model.seed)
+    if config.simulation.enabled:
+        from rollart.simulation.engine import SimulatedEngine
+
+        hardware = (config.pool("gen", spec.colocate_with).hardware if spec.colocate_with
+                    else spec.hardware)
+        engine = SimulatedEngine(path, config.engine, config.simulation, hardware,
+                                 seed=config.model.seed, device=device)
+    else:
+        from rollart.policy.engine import PolicyEngine
+
+        engine = PolicyEngine(path, config.engine, seed=config.model.seed)
     closers.append(engine.shutdown)
     await engine.start()
-    judge = ModelJudge(engine, asyncio.get_running_loop(),
-                       max_prompt_tokens=config.engine.max_model_len - 1)
-    register_reward_kind("model")(judge.score)
-    log.info("reward judge %s serving", path)
+    closers.append(JUDGE.add_engine(engine, asyncio.get_running_loop()))
+    log.info("reward judge %s serving for pool %s", path, pool)
+
+
+_REWARD_QUEUES_SERVED: set[tuple[int, str]] = set()
+
+
+def _reward_workers(config: RunConfig, client, pool: str, closers: list) -> list[Worker]:
+    """The pool's reward Worker, unless this process serves its queue already (a client may
+    have one Worker per queue: several judge engines in one process share it)."""
+    from rollart.activities.reward import check_reward, compute_reward
+
+    served = (id(client), pool_queue("reward", pool))
+    if served in _REWARD_QUEUES_SERVED:
+        return []
+    _REWARD_QUEUES_SERVED.add(served)
+    closers.append(lambda: _REWARD_QUEUES_SERVED.discard(served))
+    slots = config.pool("reward", pool).worker_slots()
+    return [Worker(client, task_queue=pool_queue("reward", pool),
+                   activities=[check_reward, compute_reward],
+                   activity_executor=ThreadPoolExecutor(max_workers=slots),
+                   max_concurrent_activities=slots)]
 
 
 async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str = "cpu",
@@ -165,16 +193,12 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
                        activity_executor=executor, max_concurrent_activities=slots)
                 for queue in (pool_queue("env", pool), own_queue)]
     if role == "reward":
-        from rollart.activities.reward import check_reward, compute_reward
-
-        judge = config.pool("reward", pool).model
-        if judge is not None:
-            await _serve_judge(config, judge, closers)
-        slots = config.pool("reward", pool).worker_slots()
-        return [Worker(client, task_queue=pool_queue("reward", pool),
-                       activities=[check_reward, compute_reward],
-                       activity_executor=ThreadPoolExecutor(max_workers=slots),
-                       max_concurrent_activities=slots)]
+        spec = config.pool("reward", pool)
+        if spec.colocate_with is not None:
+            return []  # served by the gen workers of the pool it is colocated with
+        if spec.model is not None:
+            await _serve_judge(config, pool, closers)
+        return _reward_workers(config, client, pool, closers)
     if role == "gen":
         from rollart.activities.generate import GenerateActivities
         from rollart.policy.engine import PolicyEngine
@@ -204,10 +228,14 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
         if engine is None:
             version = await gen.catch_up(config.weights_prefix)
             log.info("%s serves policy version %d", queue, version)
-        return [Worker(client, task_queue=queue, activities=[gen.generate],
-                       max_concurrent_activities=config.engine.max_num_seqs),
-                Worker(client, task_queue=admin_queue(queue),
-                       activities=[gen.ping, gen.update_weights], max_concurrent_activities=4)]
+        workers = [Worker(client, task_queue=queue, activities=[gen.generate],
+                          max_concurrent_activities=config.engine.max_num_seqs),
+                   Worker(client, task_queue=admin_queue(queue),
+                          activities=[gen.ping, gen.update_weights], max_concurrent_activities=4)]
+        for judged in (p for p in config.pools if p.colocate_with == pool):
+            await _serve_judge(config, judged.name, closers, device=gen_engine.device)
+            workers += _reward_workers(config, client, judged.name, closers)
+        return workers
     if role == "train":
         from rollart.activities.train import TrainActivities
         from rollart.blobs import open_blobs

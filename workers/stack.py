@@ -37,7 +37,7 @@ def worker_commands(config_file: Path, config: RunConfig) -> dict[str, list[str]
             for replica in range(pool.replicas):
                 commands[f"gen.{pool.name}.r{replica}"] = base + [
                     "--role", "gen", "--pool", pool.name, "--replica", str(replica)]
-        else:  # env and reward pools: `replicas` interchangeable workers on the pool's queue
+        elif pool.colocate_with is None:  # env and reward pools: `replicas` workers each
             for replica in range(pool.replicas):
                 suffix = f".r{replica}" if pool.replicas > 1 else ""
                 commands[f"{pool.role}.{pool.name}{suffix}"] = base + [

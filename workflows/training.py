@@ -458,12 +458,14 @@ def reward_metrics(results: list[TrajectoryResult], cfg: RunConfig,
         pools = {cfg.domains[r.domain].reward_pool for r in rs if r.domain in cfg.domains}
         slots = sum(cfg.pool("reward", name).slots() for name in pools) or 1
         latencies = [r.reward_latency_s for r in rs]
+        overheads = [r.reward_compute_s - r.reward_remote_s for r in rs if r.reward_remote_s > 0]
         metrics[kind] = RewardMetrics(
             trajectories=len(rs), latency_s_p50=quantile(latencies, 0.5),
             latency_s_p99=quantile(latencies, 0.99),
             queue_s_p99=quantile([r.reward_queue_s for r in rs], 0.99),
             queue_depth_mean=sum(r.reward_queue_s for r in rs) / window_s,
-            busy_share=sum(r.reward_compute_s for r in rs) / (window_s * slots))
+            busy_share=sum(r.reward_compute_s for r in rs) / (window_s * slots),
+            remote_overhead_s_p99=quantile(overheads, 0.99))
     return metrics
 
 

@@ -46,10 +46,41 @@ class _Request:
         return math.ceil(self.prefill / chunk - EPS) if self.prefill > EPS else self.decode
 
 
+class Device:
+    """One accelerator that several simulated engines share (a judge colocated with the
+    policy): one engine steps at a time, and while another waits, each holds it for at most
+    QUANTUM_S of simulated time, so their steps interleave as two processes' kernels would."""
+
+    QUANTUM_S = 0.05
+
+    def __init__(self) -> None:
+        self.lock = asyncio.Lock()
+        self.waiting = 0
+        self._holder: asyncio.Event | None = None
+
+    @contextlib.asynccontextmanager
+    async def held(self, wake: asyncio.Event):
+        """Hold the device; `wake` is set when another engine starts waiting for it."""
+        self.waiting += 1
+        if self._holder is not None:
+            self._holder.set()
+        try:
+            await self.lock.acquire()
+        finally:
+            self.waiting -= 1
+        self._holder = wake
+        try:
+            yield
+        finally:
+            self._holder = None
+            self.lock.release()
+
+
 class SimulatedEngine(PolicyEngine):
     def __init__(self, model_path: str, config: EngineConfig, simulation: SimulationConfig,
-                 hardware: str, seed: int = 0) -> None:
+                 hardware: str, seed: int = 0, device: Device | None = None) -> None:
         super().__init__(model_path, config, seed)
+        self.device = device or Device()
         self.simulation = simulation
         self.cost = CostModel(simulation, simulation.hardware[hardware])
         self.rng = random.Random(seed)
@@ -92,14 +123,7 @@ class SimulatedEngine(PolicyEngine):
                            output_scale=output_scale,
                            done=asyncio.get_running_loop().create_future(),
                            context=cached * scale)
-        self._waiting.append(request)
-        self._wake.set()
-        try:
-            await request.done
-        finally:
-            for queue in (self._waiting, self._running):
-                if request in queue:
-                    queue.remove(request)
+        await self._serve(request)
         self._remember(prompt_ids + token_ids)
         versions = [start_version] * len(token_ids)
         for index, version in request.switches:
@@ -108,6 +132,30 @@ class SimulatedEngine(PolicyEngine):
         return Sample(token_ids=token_ids, logprobs=[-math.log(choices)] * len(token_ids),
                       finish_reason="stop" if token_ids and token_ids[-1] == eos else "length",
                       cached_tokens=cached, versions=versions)
+
+    async def next_token_distribution(self, prompt_ids: list[int],
+                                      token_ids: list[int]) -> list[float]:
+        """A reward model's verdict: `judge_prompt_tokens` prefilled (the episode), then
+        `judge_tokens` decoded. The verdict distribution is drawn at random: the figures are
+        system figures."""
+        judge_tokens = self.simulation.judge_tokens
+        request = _Request(prefill=self.simulation.judge_prompt_tokens,
+                           decode=judge_tokens, output_tokens=1, output_scale=judge_tokens,
+                           done=asyncio.get_running_loop().create_future())
+        await self._serve(request)
+        weights = [self.rng.random() + EPS for _ in token_ids]
+        return [w / sum(weights) for w in weights]
+
+    async def _serve(self, request: _Request) -> None:
+        """Queue the request and wait until the step loop has run it to its end."""
+        self._waiting.append(request)
+        self._wake.set()
+        try:
+            await request.done
+        finally:
+            for queue in (self._waiting, self._running):
+                if request in queue:
+                    queue.remove(request)
 
     async def update_weights(self, version: int, buckets: list[bytes]) -> float:
         """The pull goes on while this replica keeps generating, then it suspends to load the
@@ -182,10 +230,14 @@ class SimulatedEngine(PolicyEngine):
             step = self.cost.step_s(tokens, sum(r.context for r in self._running)) * time_scale
             steps = min(r.steps_in_phase(chunk) for r in self._running)
             self._wake.clear()
-            started = loop.time()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=steps * step)
-            elapsed = loop.time() - started
+            async with self.device.held(self._wake):
+                if self.device.waiting:  # shared: give the device back after a quantum
+                    steps = min(steps, max(1, math.floor(
+                        Device.QUANTUM_S * time_scale / step))) if step > 0 else steps
+                started = loop.time()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=steps * step)
+                elapsed = loop.time() - started
             self.busy_s += elapsed
             done = min(steps, elapsed / step) if step > 0 else steps
             for request in list(self._running):
