@@ -58,9 +58,9 @@ gen_pool = "h800"
 """
 
 
-def launch(*args: str) -> subprocess.Popen:
+def launch(*args: str, stdout=subprocess.DEVNULL) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "rollart.workers.cli", "train", *args],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            stdout=stdout, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 
 
@@ -144,11 +144,17 @@ def test_a_run_whose_launcher_was_killed_resumes_where_it_was(tmp_path):
                             str(config)], capture_output=True, text=True, timeout=120)
     assert again.returncode != 0
     assert f"resume it with: rollart train --resume {run_dir}" in again.stderr
-    resumed = launch("--resume", str(run_dir))
-    try:
-        assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
-    finally:
-        stop(resumed)
+    log = tmp_path / "resumed.log"
+    with log.open("w") as out:
+        resumed = launch("--resume", str(run_dir), stdout=out)
+        try:
+            assert resumed.wait(timeout=300) == 0, resumed.stderr.read()
+        finally:
+            stop(resumed)
+    # not a terminal: progress is one plain line per iteration, from where the run resumed
+    printed = [line for line in log.read_text().splitlines() if line.startswith("rollart iter=")]
+    assert [int(line.split()[1].removeprefix("iter=")) for line in printed] == list(range(
+        int(printed[0].split()[1].removeprefix("iter=")), 6))
     status = json.loads((run_dir / "status.json").read_text())
     ledger = status["ledger"]
     assert status["iteration"] == 6

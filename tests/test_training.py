@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import math
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 
@@ -154,3 +155,32 @@ async def test_a_child_terminated_by_hand_is_counted_and_the_run_goes_on(tempora
     assert status.iteration == 2
     assert status.ledger.failed >= 1 and status.ledger.in_flight == 0
     assert any("ended without reporting" in f for f in status.failures)
+
+
+async def test_the_cli_shows_a_run_and_stops_it_after_the_iteration_under_way(
+        temporal_server, engine, tmp_path):
+    config = make_config(temporal_server, tmp_path, **{
+        "algorithm.group_size": 4, "algorithm.batch_size": 8, "algorithm.iterations": 50,
+        "algorithm.minibatches": 1})
+    cli = [sys.executable, "-m", "rollart.workers.cli"]
+    server = ["--set", f"temporal.address={temporal_server.address}"]
+    async with in_process_fleet(config, engine) as client:
+        handle = await client.start_workflow(
+            TrainingWorkflow.run, TrainingInput(config=config), id="stopped-by-cli",
+            task_queue=config.temporal.control_queue, result_type=TrainingStatus)
+        while (await handle.query(TrainingWorkflow.status)).iteration < 1:
+            await asyncio.sleep(0.2)
+        shown = await asyncio.to_thread(subprocess.run, [*cli, "status", "stopped-by-cli",
+                                                         *server],
+                                        capture_output=True, text=True, timeout=60)
+        assert shown.returncode == 0, shown.stderr
+        assert "rollart async (alpha 1)" in shown.stdout and "/50" in shown.stdout
+        stopped = await asyncio.to_thread(subprocess.run, [*cli, "stop", "stopped-by-cli",
+                                                           "--wait", *server],
+                                          capture_output=True, text=True, timeout=120)
+        assert stopped.returncode == 0, stopped.stderr
+        status = await handle.result()
+    assert "stopping after the iteration under way" in stopped.stdout
+    assert status.done and 1 <= status.iteration < 50
+    assert status.ledger.in_flight == 0 and status.ledger.trained == 8 * status.iteration
+    assert len(status.history) == status.iteration

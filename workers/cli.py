@@ -5,6 +5,8 @@
   rollart stack            dev server + fleet workers, waiting for runs started elsewhere
   rollart worker           one fleet worker (--role env|gen|reward|train|control)
   rollart start            start a TrainingWorkflow on a running stack (the SDK path)
+  rollart status [RUN]     a run's progress, live (any TrainingWorkflow on the server)
+  rollart stop [RUN]       end a run gracefully: finish the iteration, evict the rest
   rollart replay ID        re-run a failed trajectory; its result re-enters the run if in time
   rollart ui RUN_DIR       reopen a finished run's histories in the Web UI
   rollart codec-server     decode encrypted payloads for the Web UI (temporal.encryption_key_env)
@@ -22,6 +24,7 @@ import os
 import signal
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 from pydantic import ValidationError
@@ -52,6 +55,11 @@ def _config(args: argparse.Namespace, fresh_run_dir: bool = False) -> RunConfig:
         config = load_config(args.config, **overrides)
     except ValidationError as err:
         raise SystemExit(f"invalid config:\n{_explain(err)}") from None
+    except OSError as err:
+        raise SystemExit(f"--config: cannot read {args.config}: {err.strerror or err}") from None
+    except (tomllib.TOMLDecodeError, json.JSONDecodeError) as err:
+        kind = "JSON" if str(args.config).endswith(".json") else "TOML"
+        raise SystemExit(f"--config: {args.config} is not valid {kind}: {err}") from None
     named = "run_dir" in overrides or (args.config and "run_dir" in Path(args.config).read_text())
     if fresh_run_dir and not named:
         config.run_dir = f"runs/{time.strftime('%Y%m%d-%H%M%S')}"
@@ -296,6 +304,90 @@ def cmd_start(args: argparse.Namespace) -> int:
     return 0
 
 
+def _training_run(args: argparse.Namespace) -> tuple[RunConfig, str | None]:
+    """RUN as a run directory (its config.json says where its server is; its workflow is
+    rollart-train-<directory name>) or a TrainingWorkflow id (on the --config's server);
+    None: the newest running TrainingWorkflow there."""
+    run = args.run
+    if run and (Path(run) / "config.json").is_file():
+        try:
+            config = RunConfig.model_validate_json((Path(run) / "config.json").read_text())
+        except ValidationError as err:
+            raise SystemExit(f"invalid config:\n{_explain(err)}") from None
+        return config, WORKFLOW_ID_PREFIX + Path(run).resolve().name
+    return _config(args), run
+
+
+async def _training_handle(config: RunConfig, workflow_id: str | None):
+    from rollart.contracts import TrainingStatus
+    from rollart.workers.client import connect
+
+    client = await connect(config.temporal)
+    if workflow_id is None:
+        query = "WorkflowType='TrainingWorkflow' AND ExecutionStatus='Running'"
+        newest = [w async for w in client.list_workflows(query, limit=1)]
+        if not newest:
+            raise SystemExit(f"no training run is running on {config.temporal.address} (name "
+                             "one: rollart status RUN_DIR or WORKFLOW_ID)")
+        workflow_id = newest[0].id
+    return client.get_workflow_handle(workflow_id, result_type=TrainingStatus)
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    """The run's progress table from its workflow (any TrainingWorkflow, started by rollart or
+    the temporal CLI); on a terminal it stays live until the run ends or Ctrl-C."""
+    from temporalio.service import RPCError
+
+    from rollart.contracts import TrainingStatus
+    from rollart.workers.progress import console, progress_table
+
+    config, workflow_id = _training_run(args)
+
+    async def main() -> int:
+        handle = await _training_handle(config, workflow_id)
+        started = time.monotonic()
+        try:
+            status = await handle.query("status", 0, result_type=TrainingStatus)
+        except RPCError as err:
+            raise SystemExit(f"rollart status: {handle.id}: {err.message}") from None
+        if not console.is_terminal:
+            console.print(progress_table(status, 0.0))
+            return 0
+        from rich.live import Live
+
+        with Live(progress_table(status, 0.0), console=console, refresh_per_second=2) as live:
+            while not status.done:
+                await asyncio.sleep(1)
+                status = await handle.query("status", 0, result_type=TrainingStatus)
+                live.update(progress_table(status, time.monotonic() - started))
+        return 0
+
+    try:
+        return asyncio.run(main())
+    except KeyboardInterrupt:
+        return 0
+
+
+def cmd_stop(args: argparse.Namespace) -> int:
+    """Graceful: the iteration under way trains and updates the replicas, the trajectories
+    still rolling out are evicted, and the run ends as when its iterations are done."""
+    from rollart.workflows.training import STOP_SIGNAL
+
+    config, workflow_id = _training_run(args)
+
+    async def main() -> int:
+        handle = await _training_handle(config, workflow_id)
+        await handle.signal(STOP_SIGNAL)
+        print(f"{handle.id}: stopping after the iteration under way", flush=True)
+        if args.wait:
+            status = await handle.result()
+            print(f"{handle.id}: stopped after {status.iteration} iterations, policy "
+                  f"v{status.version}", flush=True)
+        return 0
+
+    return asyncio.run(main())
+
+
 def cmd_replay(args: argparse.Namespace) -> int:
     from rollart.workers.client import connect
     from rollart.workers.replay import ReplayError, outcome, replay
@@ -393,6 +485,8 @@ def cmd_lambda_local(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="rollart", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--debug", action="store_true", help="show the traceback of an error "
+                        "instead of one line (anywhere on the command line)")
     commands = parser.add_subparsers(dest="command", required=True)
 
     def with_config(sub: argparse.ArgumentParser) -> argparse.ArgumentParser:
@@ -419,6 +513,13 @@ def build_parser() -> argparse.ArgumentParser:
     start.add_argument("--workflow-id")
     start.add_argument("--wait", action="store_true")
     start.set_defaults(func=cmd_start)
+    for name, func in (("status", cmd_status), ("stop", cmd_stop)):
+        sub = with_config(commands.add_parser(name, help=func.__doc__))
+        sub.add_argument("run", nargs="?", help="a run directory or a TrainingWorkflow id "
+                         "(default: the newest running one on the config's server)")
+        if func is cmd_stop:
+            sub.add_argument("--wait", action="store_true", help="wait until it has stopped")
+        sub.set_defaults(func=func)
     rerun = with_config(commands.add_parser("replay"))
     rerun.add_argument("workflow_id", help="a TrajectoryWorkflow's id (e.g. from the Web UI)")
     rerun.add_argument("--wait", action="store_true",
@@ -448,8 +549,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    return args.func(args)
+    argv = sys.argv[1:] if argv is None else list(argv)
+    debug = "--debug" in argv  # anywhere on the line, before or after the command
+    args = build_parser().parse_args([a for a in argv if a != "--debug"])
+    try:
+        return args.func(args)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as err:
+        if debug:
+            raise
+        raise SystemExit(f"rollart {args.command}: {_one_line(err)}\n(--debug shows where)"
+                         ) from None
+
+
+def _one_line(err: BaseException) -> str:
+    """The error's own words, without the chained causes' tracebacks."""
+    text = " ".join(str(err).split()) or type(err).__name__
+    return text if len(text) <= 400 else text[:400] + " ..."
 
 
 if __name__ == "__main__":

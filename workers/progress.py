@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import Callable
 from datetime import timedelta
 from pathlib import Path
 
+from rich import box
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
@@ -20,40 +22,62 @@ QUERY_TIMEOUT = timedelta(seconds=10)  # progress only: a late answer is dropped
 console = Console()
 
 
-def _table(status: TrainingStatus, elapsed_s: float) -> Table:
+COLUMNS = ("iter", "reward", "succ", "step s", "idle", "train", "upd", "tok/s", "lag", "stale",
+           "loss")
+
+
+def progress_table(status: TrainingStatus, elapsed_s: float) -> Table:
+    """The last 8 iterations in 80 columns; per-domain success and replicas in the caption."""
     ledger = status.ledger
-    table = Table(title=f"rollart  {status.mode} (alpha {status.alpha})  iteration "
-                        f"{status.iteration}/{status.iterations}  policy v{status.version}  "
-                        f"{elapsed_s:.0f}s")
-    for column in ("iter", "reward", "success", "by domain", "step s", "idle s", "train s",
-                   "update s", "tok/s", "lag", "stale tok", "loss"):
-        table.add_column(column, justify="right")
+    table = Table(title=f"rollart {status.mode} (alpha {status.alpha})  iteration "
+                        f"{status.iteration}/{status.iterations}  v{status.version}  "
+                        f"{elapsed_s:.0f}s", box=box.SIMPLE_HEAD, padding=(0, 1),
+                  collapse_padding=True, pad_edge=False, show_edge=False,
+                  caption_justify="left")
+    for column in COLUMNS:
+        table.add_column(column, justify="right", no_wrap=True)
     for m in status.history[-8:]:
-        by_domain = " ".join(f"{name} {d.success_rate:.2f}" for name, d in m.domains.items())
-        table.add_row(str(m.iteration), f"{m.reward_mean:.3f}", f"{m.success_rate:.2f}",
-                      by_domain, f"{m.step_s:.1f}", f"{m.trainer_idle_s:.1f}",
-                      f"{m.train_s:.1f}", f"{m.weight_update_s:.2f}", f"{m.tokens_per_s:.0f}",
-                      f"{m.lag_mean:.1f}", f"{m.stale_token_share:.2f}", f"{m.loss:.3f}")
-    table.caption = (f"trajectories started {ledger.started}  trained {ledger.trained}  "
+        table.add_row(*_cells(m))
+    table.caption = (f"trajectories  started {ledger.started}  trained {ledger.trained}  "
                      f"failed {ledger.failed}  evicted {ledger.evicted}  "
-                     f"in flight {ledger.in_flight}")
+                     f"running {ledger.in_flight}")
     if status.history:
-        table.caption += "\n" + replica_summary(status.history[-1])
+        last = status.history[-1]
+        if len(last.domains) > 1:
+            table.caption += "\nsuccess by domain  " + "  ".join(
+                f"{name} {d.success_rate:.2f}" for name, d in last.domains.items())
+        table.caption += "\n" + replica_summary(last)
     return table
+
+
+def _cells(m: IterationMetrics) -> list[str]:
+    return [str(m.iteration), f"{m.reward_mean:.3f}", f"{m.success_rate:.2f}",
+            f"{m.step_s:.1f}", f"{m.trainer_idle_s:.1f}", f"{m.train_s:.1f}",
+            f"{m.weight_update_s:.2f}", f"{m.tokens_per_s:.0f}", f"{m.lag_mean:.1f}",
+            f"{m.stale_token_share:.2f}", f"{m.loss:.3f}"]
+
+
+def iteration_line(m: IterationMetrics) -> str:
+    """One iteration as one plain line, for logs (output that is not a terminal)."""
+    fields = " ".join(f"{name}={value}" for name, value in zip(COLUMNS, _cells(m), strict=True))
+    domains = " ".join(f"succ[{name}]={d.success_rate:.2f}" for name, d in m.domains.items()
+                       if len(m.domains) > 1)
+    failures = " ".join(f"failed[{reason}]={n}" for reason, n in m.failures.items())
+    return " ".join(part for part in ("rollart", fields, domains, failures) if part)
 
 
 def replica_summary(metrics: IterationMetrics) -> str:
     """One line per replica: requests in flight, prefix-cache hit rate, tokens/s."""
-    parts = [f"{queue.removeprefix('rollart.gen.')}: in flight {r.in_flight_mean:.0f} "
-             f"(max {r.in_flight_max}, queued max {r.queue_depth_max}), cache hit "
+    lines = [f"{queue.removeprefix('rollart.gen.')}: {r.in_flight_mean:.0f} in flight (max "
+             f"{r.in_flight_max}, queued {r.queue_depth_max}), cache hit "
              f"{r.cache_hit_rate:.2f}, {r.tokens_per_s:.0f} tok/s"
              for queue, r in metrics.replicas.items()]
-    parts += [f"{queue.removeprefix('rollart.gen.')}: DOWN (missed update)"
+    lines += [f"{queue.removeprefix('rollart.gen.')}: DOWN (missed update)"
               for queue in metrics.missed_updates]
     fallback = sum(d.fallback_turns for d in metrics.domains.values())
     if fallback:
-        parts.append(f"{fallback} turns served by fallback pools")
-    return "replicas  " + "  |  ".join(parts)
+        lines.append(f"{fallback} turns served by fallback pools")
+    return "\n".join(lines)
 
 
 async def follow(client: Client, handle: WorkflowHandle, run_dir: Path, poll_s: float = 1.0,
@@ -70,8 +94,24 @@ async def follow(client: Client, handle: WorkflowHandle, run_dir: Path, poll_s: 
     result_task = asyncio.ensure_future(handle.result())
     checking = asyncio.ensure_future(_every(poll_s, check))
     status = None
+    terminal = console.is_terminal
+
+    def show(status: TrainingStatus, written: int) -> int:
+        """Append the new iterations to metrics.jsonl and show them: the live table on a
+        terminal, one line each otherwise (a log file, a pipe)."""
+        fresh = [m for m in status.history if m.iteration >= written]
+        with metrics_file.open("a") as out:
+            for m in fresh:
+                out.write(m.model_dump_json() + "\n")
+        if terminal:
+            live.update(progress_table(status, loop.time() - started))
+        for m in [] if terminal else fresh:
+            print(iteration_line(m), flush=True)
+        return written + len(fresh)
+
     try:
-        with Live(console=console, refresh_per_second=2) as live:
+        with Live(console=console, refresh_per_second=2) if terminal else \
+                contextlib.nullcontext() as live:
             while not result_task.done():
                 query = asyncio.ensure_future(latest.query(  # the table shows the last 8
                     "status", max(written - 8, 0), result_type=TrainingStatus,
@@ -87,25 +127,14 @@ async def follow(client: Client, handle: WorkflowHandle, run_dir: Path, poll_s: 
                 elif not query.cancelled() and query.exception() is None:
                     status = query.result()
                 if status is not None:
-                    written = _append_new(metrics_file, status, written)
-                    live.update(_table(status, loop.time() - started))
+                    written = show(status, written)
                 await asyncio.wait([result_task, checking], timeout=poll_s,
                                    return_when=asyncio.FIRST_COMPLETED)
             status = result_task.result()
-            _append_new(metrics_file, status, written)
-            live.update(_table(status, loop.time() - started))
+            show(status, written)
     finally:
         checking.cancel()
     return status
-
-
-def _append_new(metrics_file: Path, status: TrainingStatus, written: int) -> int:
-    """Appends the iterations from `written` on; returns how many the file holds now."""
-    fresh = [m for m in status.history if m.iteration >= written]
-    with metrics_file.open("a") as out:
-        for m in fresh:
-            out.write(m.model_dump_json() + "\n")
-    return written + len(fresh)
 
 
 async def _every(seconds: float, call: Callable[[], None]) -> None:

@@ -65,6 +65,7 @@ KEPT_FAILURES = 20
 KEPT_REDUNDANT_IDS = 1000
 CANCEL_IN_PARALLEL = "cancel-in-parallel"
 CHECK_REWARDS = "check-rewards"
+STOP_SIGNAL = "stop"
 
 
 class TrainingState(BaseModel):
@@ -76,6 +77,7 @@ class TrainingState(BaseModel):
     failures: list[str] = Field(default_factory=list)
     failures_by_reason: dict[str, int] = Field(default_factory=dict, description="Since the "
                                                "previous iteration's metrics.")
+    stop_requested: bool = Field(False, description="`rollart stop`: end after this iteration.")
     redundant_ids: list[str] = Field(default_factory=list)
     redundant_kept: RolloutShape = Field(default_factory=RolloutShape)
     redundant_cancelled: RolloutShape = Field(default_factory=RolloutShape)
@@ -118,6 +120,12 @@ class TrainingWorkflow:
             redundant_kept=state.redundant_kept, redundant_cancelled=state.redundant_cancelled,
         )
 
+    @workflow.signal(name=STOP_SIGNAL)
+    def stop(self) -> None:
+        """End gracefully: the iteration under way trains and updates the replicas, then the
+        run evicts what is still rolling out and returns, as when its iterations are done."""
+        self.state.stop_requested = True
+
     @workflow.signal(name=DONE_SIGNAL)
     async def trajectory_done(self, result: TrajectoryResult) -> None:
         state = self.state
@@ -143,14 +151,16 @@ class TrainingWorkflow:
             await self._begin(cfg)
         supply = asyncio.create_task(self._supply(cfg))
         try:
-            while state.iteration < cfg.algorithm.iterations and not state.done:
+            while (state.iteration < cfg.algorithm.iterations and not state.done
+                   and not state.stop_requested):
                 metrics = await self._iteration(cfg)
                 state.history = (state.history + [metrics])[-KEPT_HISTORY:]
                 state.iteration += 1
                 target = cfg.algorithm.stop_at_success
                 if target is not None and metrics.success_rate >= target:
                     state.done = True
-                if workflow.info().is_continue_as_new_suggested() and not state.done:
+                if (workflow.info().is_continue_as_new_suggested() and not state.done
+                        and not state.stop_requested):
                     await self._stop_supply(supply)
                     await workflow.wait_condition(workflow.all_handlers_finished)
                     workflow.continue_as_new(TrainingInput(config=cfg, state=state))

@@ -1,0 +1,78 @@
+"""What a user sees of the command line: a progress table that fits 80 columns, one plain line
+per iteration in logs, and startup failures as one line naming the cause and the setting."""
+
+from __future__ import annotations
+
+import io
+import subprocess
+import sys
+from datetime import UTC, datetime
+
+import pytest
+from rich.console import Console
+
+from rollart.contracts import (
+    DomainMetrics,
+    IterationMetrics,
+    Ledger,
+    ReplicaMetrics,
+    TrainingStatus,
+)
+from rollart.servers import free_port
+from rollart.workers.progress import iteration_line, progress_table
+
+
+def metrics(iteration: int) -> IterationMetrics:
+    return IterationMetrics(
+        iteration=iteration, ended_at=datetime.now(UTC), version=iteration + 1,
+        reward_mean=0.5, success_rate=0.625, trajectories=32, generated_tokens=12345,
+        rollout_s=123.4, train_s=45.6, weight_update_s=1.23, step_s=170.2, tokens_per_s=1234,
+        loss=-0.0123, trainer_idle_s=123.4, lag_mean=0.7, stale_token_share=0.31,
+        domains={"frozenlake": DomainMetrics(success_rate=0.8),
+                 "arithmetic": DomainMetrics(success_rate=0.45)},
+        failures={"reward: RewardEndpointDown": 2},
+        replicas={"rollart.gen.h800.r0": ReplicaMetrics(), "rollart.gen.h20.r0": ReplicaMetrics()})
+
+
+def test_the_progress_table_fits_80_columns_without_truncating():
+    status = TrainingStatus(iteration=12, iterations=30, version=12, done=False,
+                            ledger=Ledger(started=1000, trained=900, failed=3, evicted=50),
+                            history=[metrics(k) for k in range(12)], mode="async", alpha=1)
+    out = io.StringIO()
+    Console(file=out, width=80, force_terminal=False).print(progress_table(status, 1234.5))
+    lines = out.getvalue().splitlines()
+    assert max(len(line) for line in lines) <= 80
+    text = out.getvalue()
+    assert "…" not in text and "170.2" in text and "-0.012" in text
+    assert "frozenlake 0.80" in text and "arithmetic 0.45" in text
+
+
+def test_an_iteration_is_one_plain_line_in_a_log():
+    line = iteration_line(metrics(3))
+    assert line.startswith("rollart iter=3 reward=0.500 succ=0.62 step s=")
+    assert "succ[arithmetic]=0.45" in line and "failed[reward: RewardEndpointDown]=2" in line
+    assert "\n" not in line
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["train", "--config", "/nonexistent/run.toml"],
+     "--config: cannot read /nonexistent/run.toml: No such file or directory"),
+    (["train", "--config", "{bad}"], "is not valid TOML: "),
+    (["train", "--set", "model.path=/", "--run-dir", "{tmp}/run"],
+     "model.path: / is not a Hugging Face model directory (no config.json)"),
+    (["start", "--set", "temporal.address=127.0.0.1:{port}"],
+     "temporal.address: cannot reach a Temporal server at 127.0.0.1:"),
+])
+def test_a_startup_failure_is_one_line_naming_the_setting(tmp_path, args, words):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('run_dir = "x"\n[algorithm\n')
+    args = [a.format(bad=bad, tmp=tmp_path, port=free_port()) for a in args]
+    result = subprocess.run([sys.executable, "-m", "rollart.workers.cli", *args],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert words in result.stderr and "Traceback" not in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) <= 2
+    debug = subprocess.run([sys.executable, "-m", "rollart.workers.cli", *args, "--debug"],
+                           capture_output=True, text=True, timeout=120)
+    if args[0] == "start":  # an error of our own code: --debug shows where it came from
+        assert "Traceback" in debug.stderr
