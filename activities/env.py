@@ -13,6 +13,7 @@ import threading
 import time
 from datetime import UTC, datetime
 
+from opentelemetry import trace
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -27,6 +28,8 @@ from rollart.contracts import (
 )
 from rollart.envs import Env, make_env, registered_envs
 from rollart.envs.base import UnknownEnvironmentError
+
+TRACER = trace.get_tracer("rollart")
 
 
 class EnvActivities:
@@ -54,7 +57,8 @@ class EnvActivities:
 
     @activity.defn(name=Activity.ENV_RESET)
     def reset(self, request: EnvResetRequest) -> EnvResetResult:
-        with heartbeating_thread():
+        with heartbeating_thread(), TRACER.start_as_current_span("rollart.env.reset", attributes={
+                "rollart.trajectory_id": request.trajectory_id, "rollart.env": request.env_name}):
             return self._reset(request)
 
     def _reset(self, request: EnvResetRequest) -> EnvResetResult:
@@ -117,7 +121,8 @@ class EnvActivities:
         """Exactly once per step. An attempt that timed out but still runs (hung, or starved of
         CPU) does not step once its retry has started, and whichever of them steps first, the
         other gets that result instead of stepping again (they share the step's activity id)."""
-        with heartbeating_thread():
+        with heartbeating_thread(), TRACER.start_as_current_span("rollart.env.step", attributes={
+                "rollart.trajectory_id": request.trajectory_id}):
             return self._step(request)
 
     def _step(self, request: EnvStepRequest) -> EnvStepResult:

@@ -15,6 +15,7 @@ import time
 from array import array
 from collections import OrderedDict
 
+from opentelemetry import trace
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -31,6 +32,8 @@ from rollart.contracts import (
 from rollart.policy.engine import PolicyEngine
 from rollart.store import StoreOpener, TurnRecord
 from rollart.weights import Puller, PullStats
+
+TRACER = trace.get_tracer("rollart")
 
 
 class ReplicaMeter:
@@ -114,7 +117,15 @@ class GenerateActivities:
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Heartbeats from start to end: a store read or write waiting for a thread, or a
         request waiting for an engine slot, is busy, not dead."""
-        return await heartbeating(self._generate(request))
+        with TRACER.start_as_current_span("rollart.generate", attributes={
+                "rollart.trajectory_id": request.trajectory_id, "rollart.turn": request.turn,
+                "rollart.replica": self.replica}) as span:
+            result = await heartbeating(self._generate(request))
+            span.set_attributes({"rollart.prompt_tokens": result.prompt_tokens,
+                                 "rollart.new_tokens": result.new_tokens,
+                                 "rollart.cached_tokens": result.cached_tokens,
+                                 "rollart.version": result.version})
+            return result
 
     async def _generate(self, request: GenerateRequest) -> GenerateResult:
         engine, sampling = self.engine, request.sampling
@@ -168,14 +179,17 @@ class GenerateActivities:
     async def update_weights(self, request: UpdateWeightsRequest) -> UpdateWeightsResult:
         """Pull the version while this replica keeps generating with the old one, then suspend
         only to load it."""
-        pulled = await heartbeating(self._pull(request.weights_prefix, request.version))
+        attributes = {"rollart.version": request.version, "rollart.replica": self.replica}
+        with TRACER.start_as_current_span("rollart.weights.pull", attributes=attributes):
+            pulled = await heartbeating(self._pull(request.weights_prefix, request.version))
         if pulled is None:
             raise ApplicationError(f"weights v{request.version} are not published under "
                                    f"{request.weights_prefix}", type="WeightsMissing")
         _, blobs, pull = pulled
         metrics = self.meter.reset()
         await self._count_speculation(metrics)
-        seconds = await heartbeating(self.engine.update_weights(request.version, blobs))
+        with TRACER.start_as_current_span("rollart.weights.load", attributes=attributes):
+            seconds = await heartbeating(self.engine.update_weights(request.version, blobs))
         return UpdateWeightsResult(version=request.version, seconds=seconds, pull_s=pull.seconds,
                                    bytes=pull.bytes, from_durable=pull.from_durable,
                                    replica=self.replica, metrics=metrics)

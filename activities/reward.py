@@ -14,6 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from opentelemetry import trace
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -23,6 +24,7 @@ from rollart.activities.reward_model import JUDGE
 from rollart.config import RewardConfig
 from rollart.contracts import Activity, RewardRequest, RewardResult
 
+TRACER = trace.get_tracer("rollart")
 Scorer = Callable[[RewardRequest], RewardResult]
 _RULES: dict[str, Scorer] = {}
 _KINDS: dict[str, Scorer] = {}
@@ -94,7 +96,9 @@ def compute_reward(request: RewardRequest) -> RewardResult:
     info = activity.info()
     queued = (info.started_time - info.current_attempt_scheduled_time).total_seconds()
     began = time.monotonic()
-    with heartbeating_thread():
+    with heartbeating_thread(), TRACER.start_as_current_span("rollart.reward", attributes={
+            "rollart.trajectory_id": request.trajectory_id,
+            "rollart.reward_kind": request.reward.kind, "rollart.attempt": info.attempt}):
         result = scorer(request)
     return result.model_copy(update={
         "kind": request.reward.kind, "compute_s": time.monotonic() - began,

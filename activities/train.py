@@ -11,6 +11,7 @@ stays consistent with the engines.
 
 from __future__ import annotations
 
+from opentelemetry import trace
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
@@ -19,6 +20,8 @@ from rollart.contracts import Activity, TrainRequest, TrainResult, UpdateWeights
 from rollart.policy.trainer import Trainer
 from rollart.store import StoreOpener
 from rollart.weights import Publisher, Puller, unpack
+
+TRACER = trace.get_tracer("rollart")
 
 
 class TrainActivities:
@@ -37,10 +40,15 @@ class TrainActivities:
         if request.iteration in self.done:
             return self.done[request.iteration]
         self.take_version(request.version)
-        result = self.trainer.train_step(
-            self.stores(request.store_dir), request.samples, request.algorithm,
-            request.temperature, heartbeat=activity.heartbeat)
-        manifest, push = self.publisher.publish(result.version, self.trainer.named_weights())
+        attributes = {"rollart.iteration": request.iteration, "rollart.version": request.version,
+                      "rollart.samples": len(request.samples)}
+        with TRACER.start_as_current_span("rollart.train_step", attributes=attributes):
+            result = self.trainer.train_step(
+                self.stores(request.store_dir), request.samples, request.algorithm,
+                request.temperature, heartbeat=activity.heartbeat)
+        with TRACER.start_as_current_span("rollart.weights.publish", attributes={
+                "rollart.version": result.version}):
+            manifest, push = self.publisher.publish(result.version, self.trainer.named_weights())
         self.publisher.retire(keep_from=result.version - 1)
         if (self.checkpoints is not None and self.checkpoint_every
                 and result.version % self.checkpoint_every == 0):
@@ -78,5 +86,8 @@ class TrainActivities:
         if run_id != self.run_id:
             self.trainer.reset()
             self.run_id, self.done, self.holds = run_id, {}, 0
-        manifest, _ = self.publisher.publish(self.trainer.version, self.trainer.named_weights())
+        with TRACER.start_as_current_span("rollart.weights.publish", attributes={
+                "rollart.version": self.trainer.version}):
+            manifest, _ = self.publisher.publish(self.trainer.version,
+                                                 self.trainer.named_weights())
         return UpdateWeightsRequest(version=self.trainer.version, weights_prefix=manifest.prefix)

@@ -516,6 +516,21 @@ class TemporalConfig(StrictModel):
         "recorded histories run the workflows in it, so production need not.")
 
 
+class TelemetryConfig(StrictModel):
+    """OpenTelemetry traces: every process of the run sends spans from the training workflow
+    down to each trajectory's workflow and activities (temporalio's tracing interceptor), and
+    rollart's own inside them (generate, env reset and step, reward, train step, weight
+    publish, pull and load)."""
+
+    traces: Literal["off", "file", "console", "otlp"] = Field(
+        "off", description="file: JSON lines in traces_file; otlp: to a collector.")
+    traces_file: str | None = Field(None, description="file: where (default: "
+                                    "<run_dir>/traces.jsonl, every process appending).")
+    otlp_endpoint: str | None = Field(None, description="otlp: the collector's gRPC endpoint "
+                                      "(default: OTEL_EXPORTER_OTLP_ENDPOINT, else "
+                                      "localhost:4317).")
+
+
 def default_pools() -> list[PoolConfig]:
     return [PoolConfig(name="cpu", role=role) for role in ("env", "gen", "reward", "train")]
 
@@ -540,6 +555,7 @@ class RunConfig(StrictModel):
     temporal: TemporalConfig = Field(default_factory=TemporalConfig)
     simulation: SimulationConfig = Field(default_factory=SimulationConfig)
     supervisor: SupervisorConfig = Field(default_factory=SupervisorConfig)
+    telemetry: TelemetryConfig = Field(default_factory=TelemetryConfig)
 
     @model_validator(mode="after")
     def _check_pools(self) -> RunConfig:

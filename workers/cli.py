@@ -101,9 +101,11 @@ async def _start_workflow(config: RunConfig, workflow_id: str):
     from rollart import search_attributes
     from rollart.contracts import TrainingStatus
     from rollart.workers.client import connect
+    from rollart.workers.telemetry import start_tracing, temporal_interceptors
     from rollart.workflows.training import TrainingInput
 
-    client = await connect(config.temporal)
+    start_tracing(config, "rollart-launcher")  # flushed when the process exits
+    client = await connect(config.temporal, temporal_interceptors(config))
     tags = None
     if config.temporal.search_attributes:
         try:

@@ -44,10 +44,12 @@ def _read(path: str | None) -> bytes | None:
     return Path(path).expanduser().read_bytes() if path else None
 
 
-async def connect(config: TemporalConfig) -> Client:
+async def connect(config: TemporalConfig, interceptors: list | None = None) -> Client:
+    """`interceptors`: e.g. tracing (rollart.workers.telemetry), for the workers that use this
+    client too."""
     options = client_options(config)
     try:
-        return await Client.connect(config.address, **options)
+        return await Client.connect(config.address, interceptors=interceptors or [], **options)
     except RuntimeError as err:
         raise ConnectionError(
             f"temporal.address: cannot reach a Temporal server at {config.address} ({err})"

@@ -18,6 +18,7 @@ from rollart import search_attributes
 from rollart.config import RunConfig
 from rollart.queues import admin_queue, pool_queue, replica_queue
 from rollart.workers.client import connect
+from rollart.workers.telemetry import start_tracing, temporal_interceptors
 
 log = logging.getLogger("rollart.worker")
 WORKER_SLOT_ENV = "ROLLART_WORKER_SLOT"  # set by the supervisor: a name stable across restarts
@@ -32,7 +33,8 @@ async def run_worker(config: RunConfig, role: WorkerRole, pool: str = "cpu",
     if role == "gen" and not 0 <= replica < config.pool("gen", pool).replicas:
         raise ValueError(f"--replica: gen pool {pool!r} declares "
                          f"{config.pool('gen', pool).replicas} replicas (0..n-1), got {replica}")
-    client = await connect(config.temporal)
+    stop_tracing = start_tracing(config, f"rollart-{role}")
+    client = await connect(config.temporal, temporal_interceptors(config))
     closers: list = []
     try:
         workers = await build_workers(config, client, role, pool, replica, closers)
@@ -44,6 +46,7 @@ async def run_worker(config: RunConfig, role: WorkerRole, pool: str = "cpu",
     finally:
         for close in closers:
             close()
+        stop_tracing()  # last: flushes the spans of everything above
 
 
 @contextlib.asynccontextmanager
@@ -53,7 +56,8 @@ async def in_process_fleet(config: RunConfig, engine=None,
     """Workers for every declared pool (and gen replica) of these roles inside this process and
     event loop (tests and benchmarks), gen replicas sharing `engine` when one is given; yields the
     client."""
-    client = await connect(config.temporal)
+    stop_tracing = start_tracing(config, "rollart")
+    client = await connect(config.temporal, temporal_interceptors(config))
     closers: list = []
     workers = []
     try:
@@ -70,6 +74,7 @@ async def in_process_fleet(config: RunConfig, engine=None,
     finally:
         for close in closers:
             close()
+        stop_tracing()  # last: flushes the spans of everything above
 
 
 _BACKENDS: dict[str, tuple] = {}

@@ -29,6 +29,8 @@ from temporalio.exceptions import (
 from temporalio.workflow import ParentClosePolicy
 
 with workflow.unsafe.imports_passed_through():
+    from temporalio.contrib.opentelemetry import workflow as traced_workflow
+
     from rollart.config import AlgorithmConfig, RunConfig
     from rollart.contracts import (
         Activity,
@@ -154,6 +156,8 @@ class TrainingWorkflow:
             while (state.iteration < cfg.algorithm.iterations and not state.done
                    and not state.stop_requested):
                 metrics = await self._iteration(cfg)
+                if cfg.telemetry.traces != "off":
+                    trace_iteration(metrics)
                 state.history = (state.history + [metrics])[-KEPT_HISTORY:]
                 state.iteration += 1
                 target = cfg.algorithm.stop_at_success
@@ -454,6 +458,16 @@ def domain_metrics(results: list[TrajectoryResult]) -> dict[str, DomainMetrics]:
         )
         for name, rs in sorted(by_domain.items())
     }
+
+
+def trace_iteration(metrics: IterationMetrics) -> None:
+    """A span of the iteration under the run's (the tracing interceptor's workflow spans last
+    no time: this one carries the iteration's figures)."""
+    traced_workflow.completed_span("rollart.iteration", attributes={
+        "rollart.iteration": metrics.iteration, "rollart.version": metrics.version,
+        "rollart.step_s": metrics.step_s, "rollart.rollout_s": metrics.rollout_s,
+        "rollart.train_s": metrics.train_s, "rollart.weight_update_s": metrics.weight_update_s,
+        "rollart.success_rate": metrics.success_rate, "rollart.trajectories": metrics.trajectories})
 
 
 def reward_metrics(results: list[TrajectoryResult], cfg: RunConfig,
