@@ -241,6 +241,8 @@ class TrajectoryResult(BaseModel):
                                 "pick them up, went silent or failed.")
     env_restores: int = Field(0, description="Times its env was rebuilt on another env worker "
                               "after its own died.")
+    env_step_s: float = Field(0.0, description="Time its env steps took, retries included "
+                              "(workflow time; 0 in lockstep batches).")
     reward_kind: str = ""
     reward_latency_s: float = 0.0
     reward_queue_s: float = 0.0
@@ -380,6 +382,8 @@ class DomainMetrics(BaseModel):
     cache_hit_rate: float = 0.0
     fallback_turns: int = 0
     rerouted_turns: int = 0
+    env_step_s_p50: float = Field(0.0, description="Of its trajectories' mean env step time.")
+    env_step_s_p99: float = 0.0
 
 
 class RewardMetrics(BaseModel):

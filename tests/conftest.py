@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 import pytest_asyncio
 
 from rollart.config import RunConfig, StorageConfig, load_config
+from rollart.contracts import DomainMetrics, IterationMetrics, ReplicaMetrics, RewardMetrics
 from rollart.policy.model import resolve_model_path
 from rollart.servers import LocalServer, free_port, installed_binary, port_open
 from rollart.workers.devserver import DevServer
@@ -107,3 +109,19 @@ def s3_server(tmp_path_factory):
                     raise
                 time.sleep(0.5)
         yield S3Server("rollart-test", storage)
+
+
+def sample_metrics(iteration: int) -> IterationMetrics:
+    """An iteration as a run records it, every section filled in (for what shows metrics)."""
+    return IterationMetrics(
+        iteration=iteration, ended_at=datetime.now(UTC), version=iteration + 1,
+        reward_mean=0.5, success_rate=0.625, trajectories=32, generated_tokens=12345,
+        rollout_s=123.4, train_s=45.6, weight_update_s=1.23, step_s=170.2, tokens_per_s=1234,
+        loss=-0.0123, trainer_idle_s=123.4, lag_mean=0.7, stale_token_share=0.31,
+        domains={"frozenlake": DomainMetrics(success_rate=0.8, env_step_s_p50=0.2,
+                                             env_step_s_p99=0.9),
+                 "arithmetic": DomainMetrics(success_rate=0.45)},
+        failures={"reward: RewardEndpointDown": 2}, lag_histogram={0: 20, 1: 12},
+        rewards={"http": RewardMetrics(trajectories=32, latency_s_p50=0.4 + iteration / 10,
+                                       latency_s_p99=2.1)},
+        replicas={"rollart.gen.h800.r0": ReplicaMetrics(), "rollart.gen.h20.r0": ReplicaMetrics()})

@@ -6,38 +6,20 @@ from __future__ import annotations
 import io
 import subprocess
 import sys
-from datetime import UTC, datetime
 
 import pytest
+from conftest import sample_metrics
 from rich.console import Console
 
-from rollart.contracts import (
-    DomainMetrics,
-    IterationMetrics,
-    Ledger,
-    ReplicaMetrics,
-    TrainingStatus,
-)
+from rollart.contracts import Ledger, TrainingStatus
 from rollart.servers import free_port
 from rollart.workers.progress import iteration_line, progress_table
-
-
-def metrics(iteration: int) -> IterationMetrics:
-    return IterationMetrics(
-        iteration=iteration, ended_at=datetime.now(UTC), version=iteration + 1,
-        reward_mean=0.5, success_rate=0.625, trajectories=32, generated_tokens=12345,
-        rollout_s=123.4, train_s=45.6, weight_update_s=1.23, step_s=170.2, tokens_per_s=1234,
-        loss=-0.0123, trainer_idle_s=123.4, lag_mean=0.7, stale_token_share=0.31,
-        domains={"frozenlake": DomainMetrics(success_rate=0.8),
-                 "arithmetic": DomainMetrics(success_rate=0.45)},
-        failures={"reward: RewardEndpointDown": 2},
-        replicas={"rollart.gen.h800.r0": ReplicaMetrics(), "rollart.gen.h20.r0": ReplicaMetrics()})
 
 
 def test_the_progress_table_fits_80_columns_without_truncating():
     status = TrainingStatus(iteration=12, iterations=30, version=12, done=False,
                             ledger=Ledger(started=1000, trained=900, failed=3, evicted=50),
-                            history=[metrics(k) for k in range(12)], mode="async", alpha=1)
+                            history=[sample_metrics(k) for k in range(12)], mode="async", alpha=1)
     out = io.StringIO()
     Console(file=out, width=80, force_terminal=False).print(progress_table(status, 1234.5))
     lines = out.getvalue().splitlines()
@@ -48,7 +30,7 @@ def test_the_progress_table_fits_80_columns_without_truncating():
 
 
 def test_an_iteration_is_one_plain_line_in_a_log():
-    line = iteration_line(metrics(3))
+    line = iteration_line(sample_metrics(3))
     assert line.startswith("rollart iter=3 reward=0.500 succ=0.62 step s=")
     assert "succ[arithmetic]=0.45" in line and "failed[reward: RewardEndpointDown]=2" in line
     assert "\n" not in line

@@ -63,6 +63,8 @@ async def test_async_run_trains_and_accounts_for_every_trajectory(temporal_serve
         assert reward.trajectories == metrics.trajectories
         assert 0 <= reward.latency_s_p50 <= reward.latency_s_p99
         assert 0 < reward.busy_share < 1 and reward.queue_depth_mean >= 0
+        lake = metrics.domains["frozenlake"]
+        assert 0 < lake.env_step_s_p50 <= lake.env_step_s_p99
         assert math.isfinite(metrics.loss)
         assert metrics.lag_max <= 1 and sum(metrics.lag_histogram.values()) == metrics.trajectories
         assert 0.0 <= metrics.stale_token_share <= 1.0

@@ -9,6 +9,7 @@
   rollart stop [RUN]       end a run gracefully: finish the iteration, evict the rest
   rollart replay ID        re-run a failed trajectory; its result re-enters the run if in time
   rollart ui RUN_DIR       reopen a finished run's histories in the Web UI
+  rollart report RUN_DIR   one HTML page of a run's plots (report.html)
   rollart codec-server     decode encrypted payloads for the Web UI (temporal.encryption_key_env)
   rollart lambda-local     serve reward handlers on a local Lambda Invoke API (reward.kind lambda)
 """
@@ -135,6 +136,7 @@ def cmd_train(args: argparse.Namespace) -> int:
         read_metrics,
         write_cpu_budget,
     )
+    from rollart.workers.report import write_report
     from rollart.workers.stack import CrashLoopError, Stack
 
     if args.resume:
@@ -194,6 +196,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     (run_dir / "status.json").write_text(status.model_dump_json(indent=2))
     metrics = read_metrics(run_dir)
     curve = plot_curve(metrics, run_dir / "curve.png")
+    report = write_report(run_dir) if metrics else None
     cpu_line = write_cpu_budget(cpu, metrics, run_dir / "cpu.json")
     last = status.history[-1] if status.history else None
     ledger = status.ledger
@@ -206,7 +209,8 @@ def cmd_train(args: argparse.Namespace) -> int:
         + (f"\nworkers restarted: {restarts} (supervisor.json)" if restarts else "")
         + f"\nrun directory: {run_dir}  (config.json, metrics.jsonl, status.json, "
         f"{'curve.png, ' if curve else ''}cpu.json, weights/, trajectories/, logs/)"
-        f"\nWeb UI on this run's histories: rollart ui {run_dir}  then open "
+        + (f"\nreport: {report}" if report else "")
+        + f"\nWeb UI on this run's histories: rollart ui {run_dir}  then open "
         f"http://127.0.0.1:{config.temporal.ui_port}/namespaces/default/workflows"
         + (f"\n{cpu_line}" if cpu_line else "")
     )
@@ -437,6 +441,17 @@ def cmd_ui(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    """One HTML page of the run's plots (also written at the end of `rollart train`)."""
+    from rollart.workers.report import write_report
+
+    try:
+        print(write_report(Path(args.run_dir).resolve()))
+    except FileNotFoundError as err:
+        raise SystemExit(f"rollart report: {err}") from None
+    return 0
+
+
 def cmd_codec_server(args: argparse.Namespace) -> int:
     from rollart.workers.codec import codec_from_env, codec_server
 
@@ -541,6 +556,9 @@ def build_parser() -> argparse.ArgumentParser:
     local.add_argument("--concurrency", type=int, default=1000,
                        help="invocations at once per server; more are throttled (HTTP 429)")
     local.set_defaults(func=cmd_lambda_local)
+    report = commands.add_parser("report", help=cmd_report.__doc__)
+    report.add_argument("run_dir")
+    report.set_defaults(func=cmd_report)
     ui = commands.add_parser("ui")
     ui.add_argument("run_dir")
     ui.add_argument("--port", type=int, default=7233)

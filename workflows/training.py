@@ -455,6 +455,8 @@ def domain_metrics(results: list[TrajectoryResult]) -> dict[str, DomainMetrics]:
                             / max(sum(r.prompt_tokens for r in rs), 1)),
             fallback_turns=sum(r.fallback_turns for r in rs),
             rerouted_turns=sum(r.rerouted_turns for r in rs),
+            env_step_s_p50=quantile(step_means(rs), 0.5),
+            env_step_s_p99=quantile(step_means(rs), 0.99),
         )
         for name, rs in sorted(by_domain.items())
     }
@@ -491,6 +493,11 @@ def reward_metrics(results: list[TrajectoryResult], cfg: RunConfig,
             busy_share=sum(r.reward_compute_s for r in rs) / (window_s * slots),
             remote_overhead_s_p99=quantile(overheads, 0.99))
     return metrics
+
+
+def step_means(results: list[TrajectoryResult]) -> list[float]:
+    """Each trajectory's mean env step time (those that timed their steps)."""
+    return [r.env_step_s / r.turns for r in results if r.turns and r.env_step_s > 0]
 
 
 def quantile(values: list[float], q: float) -> float:

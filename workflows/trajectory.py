@@ -320,7 +320,9 @@ class TrajectoryWorkflow:
             partial.end_version = max(partial.end_version, gen.version)
             partial.mixed_versions = partial.mixed_versions or gen.mixed_versions
             self.phase = "step"
+            stepping = workflow.now()
             step = await self._step(spec, reset, gen.text)
+            partial.env_step_s += (workflow.now() - stepping).total_seconds()
             observation, info = step.observation, step.info
             rewards.append(step.reward)
             partial.reward = float(sum(rewards))
