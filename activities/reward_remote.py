@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import ssl
 import threading
 import time
 import urllib.error
@@ -84,7 +85,8 @@ def _http(request: RewardRequest, method: str, url: str, body: str | None) -> by
     call = urllib.request.Request(url, data=body.encode() if body is not None else None,
                                   headers=headers, method=method)
     try:
-        with urllib.request.urlopen(call, timeout=cfg.timeout_s) as response:
+        with urllib.request.urlopen(call, timeout=cfg.timeout_s,
+                                    context=_tls_context(cfg.ca_file)) as response:
             return None if response.status == 202 else response.read()
     except urllib.error.HTTPError as err:
         retryable = err.code == 429 or err.code >= 500
@@ -94,8 +96,24 @@ def _http(request: RewardRequest, method: str, url: str, body: str | None) -> by
             non_retryable=not retryable) from None
     except (urllib.error.URLError, OSError) as err:  # refused, unresolvable, timed out
         reason = getattr(err, "reason", err)
+        if isinstance(reason, ssl.SSLCertVerificationError):  # no retry would change it
+            raise ApplicationError(
+                f"reward endpoint {url}: its TLS certificate did not verify "
+                f"({reason.verify_message}); trust its CA with reward.ca_file",
+                type="RewardEndpointError", non_retryable=True) from None
         raise ApplicationError(f"reward endpoint {url} is unreachable: {reason}",
                                type="RewardEndpointDown") from None
+
+
+_TLS: dict[str | None, ssl.SSLContext] = {}
+
+
+def _tls_context(ca_file: str | None) -> ssl.SSLContext:
+    """Verifying contexts, one per CA bundle (loading one costs milliseconds)."""
+    with _CLIENT_LOCK:
+        if ca_file not in _TLS:
+            _TLS[ca_file] = ssl.create_default_context(cafile=ca_file)
+        return _TLS[ca_file]
 
 
 def lambda_reward(request: RewardRequest) -> RewardResult:

@@ -122,6 +122,9 @@ class RewardConfig(StrictModel):
     api_key_env: str | None = Field(
         None, description="http, http_poll: environment variable with a key sent as "
         "'Authorization: Bearer ...' (read by the reward worker; never stored in the config).")
+    ca_file: str | None = Field(None, description="http, http_poll: the CA bundle an https "
+                                "endpoint's certificate is verified against (default: the "
+                                "system's, or SSL_CERT_FILE); verification is never off.")
     timeout_s: float = Field(30.0, gt=0, le=50, description="One request's timeout (within "
                              "the reward activity's own 60 s, or each poll of http_poll).")
     poll_interval_s: float = Field(2.0, gt=0, le=60, description="http_poll: between polls.")

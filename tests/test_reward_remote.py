@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -15,6 +16,7 @@ from conftest import make_config
 from temporalio.client import WorkflowFailureError
 from temporalio.exceptions import ApplicationError
 from temporalio.testing import ActivityEnvironment
+from tls_proxy import make_pki
 
 from rollart.activities.reward import check_reward, compute_reward, register_reward_kind
 from rollart.config import RewardConfig
@@ -136,6 +138,24 @@ def test_an_endpoint_that_is_down_is_named_and_retryable():
     assert not raised.value.non_retryable and raised.value.type == "RewardEndpointDown"
     with pytest.raises(ApplicationError, match="ROLLART_TEST_UNSET_KEY is not set"):
         score(url, api_key_env="ROLLART_TEST_UNSET_KEY")
+
+
+def test_an_https_endpoint_is_verified_and_a_private_ca_can_be_trusted(tmp_path):
+    pki = make_pki(tmp_path)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), RewardServer)
+    tls = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    tls.load_cert_chain(pki["server_cert"], pki["server_key"])
+    server.socket = tls.wrap_socket(server.socket, server_side=True)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"https://127.0.0.1:{server.server_address[1]}/ok"
+    try:
+        with pytest.raises(ApplicationError) as raised:
+            score(url)
+        assert f"reward endpoint {url}: its TLS certificate did not verify" in str(
+            raised.value) and raised.value.non_retryable
+        assert score(url, ca_file=str(pki["ca"])).reward == 1.5
+    finally:
+        server.shutdown()
 
 
 def test_a_polled_job_is_submitted_once_and_polled_until_it_answers(reward_server):
