@@ -31,7 +31,7 @@ def test_the_progress_table_fits_80_columns_without_truncating():
 
 def test_an_iteration_is_one_plain_line_in_a_log():
     line = iteration_line(sample_metrics(3))
-    assert line.startswith("rollart iter=3 reward=0.500 succ=0.62 step s=")
+    assert line.startswith("rollart iter=3 reward=0.500 succ=0.62 step_s=170.2 idle=123.4")
     assert "succ[arithmetic]=0.45" in line and "failed[reward: RewardEndpointDown]=2" in line
     assert "\n" not in line
 

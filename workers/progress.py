@@ -59,7 +59,8 @@ def _cells(m: IterationMetrics) -> list[str]:
 
 def iteration_line(m: IterationMetrics) -> str:
     """One iteration as one plain line, for logs (output that is not a terminal)."""
-    fields = " ".join(f"{name}={value}" for name, value in zip(COLUMNS, _cells(m), strict=True))
+    fields = " ".join(f"{name.replace(' ', '_')}={value}"
+                      for name, value in zip(COLUMNS, _cells(m), strict=True))
     domains = " ".join(f"succ[{name}]={d.success_rate:.2f}" for name, d in m.domains.items()
                        if len(m.domains) > 1)
     failures = " ".join(f"failed[{reason}]={n}" for reason, n in m.failures.items())
