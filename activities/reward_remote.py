@@ -22,6 +22,10 @@ from temporalio.exceptions import ApplicationError
 from rollart.activities.heartbeat import record_progress
 from rollart.contracts import RewardRequest, RewardResult
 
+_LOCK = threading.Lock()  # the caches below are filled by the reward threads
+_TLS: dict[str | None, ssl.SSLContext] = {}
+_CLIENTS: dict[tuple[str, str | None, float], object] = {}
+
 
 def request_body(request: RewardRequest) -> dict[str, object]:
     return {
@@ -105,12 +109,9 @@ def _http(request: RewardRequest, method: str, url: str, body: str | None) -> by
                                type="RewardEndpointDown") from None
 
 
-_TLS: dict[str | None, ssl.SSLContext] = {}
-
-
 def _tls_context(ca_file: str | None) -> ssl.SSLContext:
     """Verifying contexts, one per CA bundle (loading one costs milliseconds)."""
-    with _CLIENT_LOCK:
+    with _LOCK:
         if ca_file not in _TLS:
             _TLS[ca_file] = ssl.create_default_context(cafile=ca_file)
         return _TLS[ca_file]
@@ -148,10 +149,6 @@ def lambda_reward(request: RewardRequest) -> RewardResult:
     return parse_answer(where, payload)
 
 
-_CLIENT_LOCK = threading.Lock()
-_CLIENTS: dict[tuple[str, str | None, float], object] = {}
-
-
 def _lambda_client(region: str, endpoint_url: str | None, timeout_s: float):
     """One client per endpoint, shared by the reward threads (clients are thread-safe;
     creating one is not, and costs tens of ms). botocore's own retries are off: the workflow's
@@ -160,7 +157,7 @@ def _lambda_client(region: str, endpoint_url: str | None, timeout_s: float):
     from botocore.config import Config
 
     key = (region, endpoint_url, timeout_s)
-    with _CLIENT_LOCK:
+    with _LOCK:
         if key not in _CLIENTS:
             _CLIENTS[key] = boto3.session.Session().client(
                 "lambda", region_name=region, endpoint_url=endpoint_url,

@@ -445,6 +445,7 @@ def domain_metrics(results: list[TrajectoryResult]) -> dict[str, DomainMetrics]:
     by_domain: dict[str, list[TrajectoryResult]] = {}
     for result in results:
         by_domain.setdefault(result.domain, []).append(result)
+    steps = {name: step_means(rs) for name, rs in by_domain.items()}
     return {
         name: DomainMetrics(
             trajectories=len(rs), success_rate=_mean([float(r.success) for r in rs]),
@@ -455,8 +456,8 @@ def domain_metrics(results: list[TrajectoryResult]) -> dict[str, DomainMetrics]:
                             / max(sum(r.prompt_tokens for r in rs), 1)),
             fallback_turns=sum(r.fallback_turns for r in rs),
             rerouted_turns=sum(r.rerouted_turns for r in rs),
-            env_step_s_p50=quantile(step_means(rs), 0.5),
-            env_step_s_p99=quantile(step_means(rs), 0.99),
+            env_step_s_p50=quantile(steps[name], 0.5),
+            env_step_s_p99=quantile(steps[name], 0.99),
         )
         for name, rs in sorted(by_domain.items())
     }

@@ -144,7 +144,8 @@ class SimulatedEngine(PolicyEngine):
                            done=asyncio.get_running_loop().create_future())
         await self._serve(request)
         weights = [self.rng.random() + EPS for _ in token_ids]
-        return [w / sum(weights) for w in weights]
+        total = sum(weights)
+        return [w / total for w in weights]
 
     async def _serve(self, request: _Request) -> None:
         """Queue the request and wait until the step loop has run it to its end."""
