@@ -27,6 +27,7 @@ import sys
 import time
 import tomllib
 from pathlib import Path
+from typing import NoReturn
 
 from pydantic import ValidationError
 
@@ -287,12 +288,22 @@ def cmd_worker(args: argparse.Namespace) -> int:
             await task
 
     asyncio.run(main())
-    # The worker stopped cleanly; skip interpreter teardown, where the Temporal SDK's Rust
-    # threads can abort the process ("PyGILState_Release", temporalio/sdk-python#300).
+    _end_without_teardown(0)
+
+
+def _end_without_teardown(code: int) -> NoReturn:
+    """Exit a command that used a Temporal client, once its work is done, skipping interpreter
+    teardown: there the SDK's Rust threads can abort the process ("PyGILState_Release",
+    temporalio/sdk-python#300; seen as SIGSEGV after `rollart stop --wait` had answered)."""
+    from opentelemetry import trace
+
+    provider = trace.get_tracer_provider()
+    if hasattr(provider, "shutdown"):  # an SDK provider: flush its spans first
+        provider.shutdown()
     logging.shutdown()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)
 
 
 def cmd_start(args: argparse.Namespace) -> int:
@@ -307,7 +318,7 @@ def cmd_start(args: argparse.Namespace) -> int:
             print((await handle.result()).model_dump_json(indent=2))
 
     asyncio.run(main())
-    return 0
+    _end_without_teardown(0)
 
 
 def _training_run(args: argparse.Namespace) -> tuple[RunConfig, str | None]:
@@ -369,9 +380,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         return 0
 
     try:
-        return asyncio.run(main())
+        code = asyncio.run(main())
     except KeyboardInterrupt:
-        return 0
+        code = 0
+    _end_without_teardown(code)
 
 
 def cmd_stop(args: argparse.Namespace) -> int:
@@ -391,7 +403,7 @@ def cmd_stop(args: argparse.Namespace) -> int:
                   f"v{status.version}", flush=True)
         return 0
 
-    return asyncio.run(main())
+    _end_without_teardown(asyncio.run(main()))
 
 
 def cmd_replay(args: argparse.Namespace) -> int:
