@@ -129,7 +129,7 @@ def _stop_on_sigterm() -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rollart.policy.model import resolve_model_path
+    from rollart.policy.model import policy_model_path
     from rollart.workers.progress import (
         console,
         follow,
@@ -152,7 +152,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     _stop_on_sigterm()
     run_dir = Path(config.run_dir)
     with console.status("preparing the policy model"):
-        model_path = resolve_model_path(config.model.path, config.model.seed)
+        model_path = policy_model_path(config)
     config_file = run_dir / "config.json" if args.resume else _write_config(config)
     console.print(f"run directory: {run_dir}\npolicy: {model_path}"
                   + ("\nresuming the run where it stopped" if args.resume else ""))

@@ -116,11 +116,11 @@ async def _serve_judge(config: RunConfig, pool: str, closers: list, device=None)
     """Start one judge engine for the reward pool and serve this process's `model` rewards
     on it; in simulated compute, on `device` when it shares a gen replica's."""
     from rollart.activities.reward_model import JUDGE
-    from rollart.policy.model import resolve_model_path
+    from rollart.policy.model import policy_model_path, resolve_model_path
 
     spec = config.pool("reward", pool)
-    path = resolve_model_path(config.model.path if spec.model == "policy" else spec.model,
-                              config.model.seed)
+    path = (policy_model_path(config) if spec.model == "policy"
+            else resolve_model_path(spec.model, config.model.seed))
     if config.simulation.enabled:
         from rollart.simulation.engine import SimulatedEngine
 
@@ -207,12 +207,12 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
     if role == "gen":
         from rollart.activities.generate import GenerateActivities
         from rollart.policy.engine import PolicyEngine
-        from rollart.policy.model import resolve_model_path
+        from rollart.policy.model import policy_model_path
         from rollart.store import StoreOpener
         from rollart.weights import Puller
 
         queue = replica_queue("gen", pool, replica)
-        model_path = resolve_model_path(config.model.path, config.model.seed)
+        model_path = policy_model_path(config)
         if engine is not None:
             gen_engine = engine
         elif config.simulation.enabled:
@@ -244,12 +244,12 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
     if role == "train":
         from rollart.activities.train import TrainActivities
         from rollart.blobs import open_blobs
-        from rollart.policy.model import resolve_model_path
+        from rollart.policy.model import policy_model_path
         from rollart.policy.trainer import Trainer
         from rollart.store import StoreOpener
         from rollart.weights import Publisher, Puller
 
-        model_path = resolve_model_path(config.model.path, config.model.seed)
+        model_path = policy_model_path(config)
         if config.simulation.enabled:
             from rollart.simulation.trainer import SimulatedTrainer
 

@@ -32,6 +32,7 @@ def parse_answer(text: str) -> int | None:
 @register_env("arithmetic")
 class ArithmeticEnv:
     action_vocabulary = None
+    vocabulary = DIGITS + SYMBOLS
     deterministic = True  # seed and actions determine it: rebuilt if its worker dies
     answer_alphabet = DIGITS
 

@@ -24,7 +24,9 @@ class StepResult:
 class Env(Protocol):
     action_vocabulary: list[str] | None
     """The complete set of valid action strings, or None when actions are free text."""
-    # Optional: `answer_alphabet: list[str]`, the tokens a free-text answer is made of, with
+    # Optional: `vocabulary: list[str]`, the words its observations are made of (whole tokens
+    # of the tiny default policy; it spells any other word in characters);
+    # `answer_alphabet: list[str]`, the tokens a free-text answer is made of, with
     # `answer_length: int` when answers have a fixed width; `close()`, called when the episode
     # ends or is abandoned; `deterministic = True` when the seed and the actions taken determine
     # the episode (observations, rewards, ends): an episode whose env worker died is then
@@ -57,6 +59,10 @@ def registered_envs() -> list[str]:
 
 
 def make_env(name: str, **kwargs: Any) -> Env:
+    return _factory(name)(**kwargs)
+
+
+def _factory(name: str) -> Callable[..., Env]:
     factory = _REGISTRY.get(name)
     if factory is None:
         from rollart.envs.plugins import entry_point_envs
@@ -66,4 +72,18 @@ def make_env(name: str, **kwargs: Any) -> Env:
             raise UnknownEnvironmentError(
                 f"unknown environment {name!r}; registered: {registered_envs()}")
         factory = _REGISTRY.setdefault(name, entry_point.load())
-    return factory(**kwargs)
+    return factory
+
+
+def declared_words(name: str) -> list[str] | None:
+    """The words env `name` declares it uses (vocabulary, actions, answer alphabet), or None
+    when it declares no `vocabulary`."""
+    try:
+        factory = _factory(name)
+    except UnknownEnvironmentError:
+        return None
+    vocabulary = getattr(factory, "vocabulary", None)
+    if vocabulary is None:
+        return None
+    return [*vocabulary, *(getattr(factory, "action_vocabulary", None) or []),
+            *(getattr(factory, "answer_alphabet", None) or [])]

@@ -11,6 +11,7 @@ from rollart.envs.base import StepResult, register_env
 @register_env("corridor")
 class CorridorEnv:
     action_vocabulary = ["Left", "Right"]
+    vocabulary = ["F", "P"]
     deterministic = True  # seed and actions determine it: rebuilt if its worker dies
 
     def reset(self, seed: int) -> tuple[str, dict[str, Any]]:

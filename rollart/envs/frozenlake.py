@@ -73,6 +73,7 @@ def random_walk_success(episodes: int, max_turns: int = 10, seed: int = 0) -> fl
 @register_env("frozenlake")
 class FrozenLakeEnv:
     action_vocabulary = ACTIONS
+    vocabulary = OBSERVATION_WORDS
     deterministic = True  # seed and actions determine it: rebuilt if its worker dies
 
     def __init__(self, map_name: str = "4x4", random_maps: bool = False, size: int = 4,
