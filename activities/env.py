@@ -28,6 +28,7 @@ from rollart.contracts import (
 )
 from rollart.envs import Env, make_env, registered_envs
 from rollart.envs.base import UnknownEnvironmentError
+from rollart.metrics import ENV_SECONDS
 
 TRACER = trace.get_tracer("rollart")
 
@@ -41,6 +42,7 @@ class EnvActivities:
         self.env_locks: dict[str, threading.Lock] = {}
         self.attempts: dict[str, tuple[str, int]] = {}
         self.last_step: dict[str, tuple[str, EnvStepResult]] = {}
+        self.domains: dict[str, str] = {}  # per trajectory, for the latency metric's label
         self._lock = threading.Lock()
 
     @activity.defn(name=Activity.ENV_CHECK)
@@ -59,7 +61,12 @@ class EnvActivities:
     def reset(self, request: EnvResetRequest) -> EnvResetResult:
         with heartbeating_thread(), TRACER.start_as_current_span("rollart.env.reset", attributes={
                 "rollart.trajectory_id": request.trajectory_id, "rollart.env": request.env_name}):
-            return self._reset(request)
+            started = time.perf_counter()
+            try:
+                return self._reset(request)
+            finally:
+                ENV_SECONDS.record(time.perf_counter() - started, {
+                    "op": "reset", "domain": request.domain or request.env_name})
 
     def _reset(self, request: EnvResetRequest) -> EnvResetResult:
         faults = request.faults
@@ -68,7 +75,7 @@ class EnvActivities:
         if random.random() < faults.reset_failure_rate:
             raise ApplicationError("injected transient reset failure", type="InjectedFault")
         env, observation = self._open(request)
-        return self._hold(request.trajectory_id, env, observation)
+        return self._hold(request, env, observation)
 
     @activity.defn(name=Activity.ENV_RESTORE)
     def restore(self, request: EnvRestoreRequest) -> EnvResetResult:
@@ -91,7 +98,7 @@ class EnvActivities:
                     f"{len(request.actions)} (the env is not deterministic after all)",
                     type="NotRestorable", non_retryable=True)
             observation = result.observation
-        return self._hold(request.trajectory_id, env, observation)
+        return self._hold(request, env, observation)
 
     def _open(self, request: EnvResetRequest) -> tuple[Env, str]:
         try:
@@ -105,9 +112,11 @@ class EnvActivities:
         _check_size(observation, request.max_observation_chars, "reset")
         return env, observation
 
-    def _hold(self, trajectory_id: str, env: Env, observation: str) -> EnvResetResult:
+    def _hold(self, request: EnvResetRequest, env: Env, observation: str) -> EnvResetResult:
+        trajectory_id = request.trajectory_id
         with self._lock:
             self.envs[trajectory_id] = env
+            self.domains[trajectory_id] = request.domain or request.env_name
             self.env_locks[trajectory_id] = threading.Lock()
             self.last_step.pop(trajectory_id, None)
         return EnvResetResult(observation=observation, worker_queue=self.worker_queue,
@@ -123,7 +132,12 @@ class EnvActivities:
         other gets that result instead of stepping again (they share the step's activity id)."""
         with heartbeating_thread(), TRACER.start_as_current_span("rollart.env.step", attributes={
                 "rollart.trajectory_id": request.trajectory_id}):
-            return self._step(request)
+            domain = self.domains.get(request.trajectory_id, "")
+            started = time.perf_counter()
+            try:
+                return self._step(request)
+            finally:
+                ENV_SECONDS.record(time.perf_counter() - started, {"op": "step", "domain": domain})
 
     def _step(self, request: EnvStepRequest) -> EnvStepResult:
         tid = request.trajectory_id
@@ -185,6 +199,7 @@ class EnvActivities:
             self.env_locks.pop(trajectory_id, None)
             self.last_step.pop(trajectory_id, None)
             self.attempts.pop(trajectory_id, None)
+            self.domains.pop(trajectory_id, None)
         closer = getattr(env, "close", None)
         if closer is not None:
             closer()

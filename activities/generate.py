@@ -29,6 +29,15 @@ from rollart.contracts import (
     UpdateWeightsRequest,
     UpdateWeightsResult,
 )
+from rollart.metrics import (
+    ACCEPTED_TOKENS,
+    CACHED_TOKENS,
+    DRAFT_TOKENS,
+    GENERATE_SECONDS,
+    GENERATED_TOKENS,
+    PROMPT_TOKENS,
+    WEIGHT_SECONDS,
+)
 from rollart.policy.engine import PolicyEngine
 from rollart.store import StoreOpener, TurnRecord
 from rollart.weights import Puller, PullStats
@@ -120,7 +129,13 @@ class GenerateActivities:
         with TRACER.start_as_current_span("rollart.generate", attributes={
                 "rollart.trajectory_id": request.trajectory_id, "rollart.turn": request.turn,
                 "rollart.replica": self.replica}) as span:
+            started = time.perf_counter()
             result = await heartbeating(self._generate(request))
+            labels = {"replica": self.replica}
+            GENERATE_SECONDS.record(time.perf_counter() - started, labels)
+            GENERATED_TOKENS.add(result.new_tokens, labels)
+            PROMPT_TOKENS.add(result.prompt_tokens, labels)
+            CACHED_TOKENS.add(result.cached_tokens, labels)
             span.set_attributes({"rollart.prompt_tokens": result.prompt_tokens,
                                  "rollart.new_tokens": result.new_tokens,
                                  "rollart.cached_tokens": result.cached_tokens,
@@ -190,6 +205,8 @@ class GenerateActivities:
         await self._count_speculation(metrics)
         with TRACER.start_as_current_span("rollart.weights.load", attributes=attributes):
             seconds = await heartbeating(self.engine.update_weights(request.version, blobs))
+        WEIGHT_SECONDS.record(pull.seconds, {"op": "pull", "replica": self.replica})
+        WEIGHT_SECONDS.record(seconds, {"op": "load", "replica": self.replica})
         return UpdateWeightsResult(version=request.version, seconds=seconds, pull_s=pull.seconds,
                                    bytes=pull.bytes, from_durable=pull.from_durable,
                                    replica=self.replica, metrics=metrics)
@@ -205,6 +222,8 @@ class GenerateActivities:
         metrics.verify_steps = counters["verify_steps"] - seen.get("verify_steps", 0)
         metrics.speculation_switches = counters["switches"] - seen.get("switches", 0)
         metrics.speculating = bool(counters["on"])
+        DRAFT_TOKENS.add(metrics.draft_tokens, {"replica": self.replica})
+        ACCEPTED_TOKENS.add(metrics.accepted_tokens, {"replica": self.replica})
 
     async def catch_up(self, weights_prefix: str) -> int:
         """Load the newest published version, if any: a replica that starts mid-run must not

@@ -23,6 +23,7 @@ from rollart.activities.heartbeat import heartbeating_thread
 from rollart.activities.reward_model import JUDGE
 from rollart.config import RewardConfig
 from rollart.contracts import Activity, RewardRequest, RewardResult
+from rollart.metrics import REWARD_SECONDS
 
 TRACER = trace.get_tracer("rollart")
 Scorer = Callable[[RewardRequest], RewardResult]
@@ -100,6 +101,8 @@ def compute_reward(request: RewardRequest) -> RewardResult:
             "rollart.trajectory_id": request.trajectory_id,
             "rollart.reward_kind": request.reward.kind, "rollart.attempt": info.attempt}):
         result = scorer(request)
+    compute_s = time.monotonic() - began
+    REWARD_SECONDS.record(compute_s, {"kind": request.reward.kind})
     return result.model_copy(update={
-        "kind": request.reward.kind, "compute_s": time.monotonic() - began,
+        "kind": request.reward.kind, "compute_s": compute_s,
         "queue_s": max(queued, 0.0), "attempt": info.attempt})

@@ -520,10 +520,10 @@ class TemporalConfig(StrictModel):
 
 
 class TelemetryConfig(StrictModel):
-    """OpenTelemetry traces: every process of the run sends spans from the training workflow
-    down to each trajectory's workflow and activities (temporalio's tracing interceptor), and
-    rollart's own inside them (generate, env reset and step, reward, train step, weight
-    publish, pull and load)."""
+    """OpenTelemetry traces and metrics. Traces: every process of the run sends spans from the
+    training workflow down to each trajectory's workflow and activities (temporalio's tracing
+    interceptor), and rollart's own inside them (generate, env reset and step, reward, train
+    step, weight publish, pull and load). Metrics: see rollart.metrics and dashboards/."""
 
     traces: Literal["off", "file", "console", "otlp"] = Field(
         "off", description="file: JSON lines in traces_file; otlp: to a collector.")
@@ -532,6 +532,14 @@ class TelemetryConfig(StrictModel):
     otlp_endpoint: str | None = Field(None, description="otlp: the collector's gRPC endpoint "
                                       "(default: OTEL_EXPORTER_OTLP_ENDPOINT, else "
                                       "localhost:4317).")
+    metrics: Literal["off", "prometheus"] = Field(
+        "off", description="prometheus: every worker serves rollart's metrics "
+        "(rollart.metrics) and the Temporal SDK's on Prometheus endpoints of its own.")
+    metrics_host: str = Field("127.0.0.1", description="The address they listen on.")
+    metrics_port: int = Field(
+        0, ge=0, le=65534, description="0: free ports, each worker announcing its two in "
+        "<run_dir>/metrics/targets/ (Prometheus file discovery, scrape config beside it); "
+        "else rollart's metrics on this port and the SDK's on the next (one worker per host).")
 
 
 def default_pools() -> list[PoolConfig]:

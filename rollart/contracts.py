@@ -93,6 +93,7 @@ class EnvResetRequest(BaseModel):
     env_name: str
     env_kwargs: dict[str, object] = Field(default_factory=dict)
     seed: int
+    domain: str = Field("", description="The config's name for it (a metrics label).")
     faults: InjectedFaults = Field(default_factory=InjectedFaults)
     max_observation_chars: int = 65536
 

@@ -23,7 +23,7 @@ from rollart.contracts import Activity
 ROOT = Path(__file__).parent.parent
 PLANES = {"workflows": "rollart.workflows", "activities": "rollart.activities",
           "workers": "rollart.workers"}
-WORKFLOW_MAY_IMPORT = {"rollart.config", "rollart.contracts", "rollart.queues",
+WORKFLOW_MAY_IMPORT = {"rollart.config", "rollart.contracts", "rollart.metrics", "rollart.queues",
                        "rollart.search_attributes", "rollart.workflows"}
 
 

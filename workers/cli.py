@@ -163,6 +163,9 @@ def cmd_train(args: argparse.Namespace) -> int:
             console.print(f"Temporal dev server on {config.temporal.address}, Web UI on "
                           f"http://127.0.0.1:{config.temporal.ui_port}; workers: "
                           f"{', '.join(stack.processes)} (logs in {stack.logs})")
+            if config.telemetry.metrics != "off":
+                console.print(f"metrics: every worker's endpoints in {run_dir}/metrics/targets;"
+                              f" prometheus --config.file={run_dir}/metrics/prometheus.yml")
             if args.resume:
                 from rollart.contracts import TrainingStatus
                 from rollart.workers.client import connect

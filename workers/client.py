@@ -10,6 +10,7 @@ from typing import Any
 
 from temporalio.client import Client
 from temporalio.contrib.pydantic import pydantic_data_converter
+from temporalio.runtime import Runtime
 from temporalio.service import TLSConfig
 
 from rollart.config import TemporalConfig
@@ -44,10 +45,13 @@ def _read(path: str | None) -> bytes | None:
     return Path(path).expanduser().read_bytes() if path else None
 
 
-async def connect(config: TemporalConfig, interceptors: list | None = None) -> Client:
-    """`interceptors`: e.g. tracing (rollart.workers.telemetry), for the workers that use this
-    client too."""
+async def connect(config: TemporalConfig, interceptors: list | None = None,
+                  runtime: Runtime | None = None) -> Client:
+    """`interceptors`: e.g. tracing, and `runtime`: one exporting the SDK's metrics (both from
+    rollart.workers.telemetry), for the workers that use this client too."""
     options = client_options(config)
+    if runtime is not None:
+        options["runtime"] = runtime
     try:
         return await Client.connect(config.address, interceptors=interceptors or [], **options)
     except RuntimeError as err:

@@ -10,6 +10,7 @@ import os
 import socket
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Literal
 
 from temporalio.worker import UnsandboxedWorkflowRunner, Worker
@@ -18,7 +19,12 @@ from rollart import search_attributes
 from rollart.config import RunConfig
 from rollart.queues import admin_queue, pool_queue, replica_queue
 from rollart.workers.client import connect
-from rollart.workers.telemetry import start_tracing, temporal_interceptors
+from rollart.workers.telemetry import (
+    start_metrics,
+    start_tracing,
+    stop_metrics,
+    temporal_interceptors,
+)
 
 log = logging.getLogger("rollart.worker")
 WORKER_SLOT_ENV = "ROLLART_WORKER_SLOT"  # set by the supervisor: a name stable across restarts
@@ -34,8 +40,10 @@ async def run_worker(config: RunConfig, role: WorkerRole, pool: str = "cpu",
         raise ValueError(f"--replica: gen pool {pool!r} declares "
                          f"{config.pool('gen', pool).replicas} replicas (0..n-1), got {replica}")
     stop_tracing = start_tracing(config, f"rollart-{role}")
-    client = await connect(config.temporal, temporal_interceptors(config))
-    closers: list = []
+    name = worker_name(config, role, pool, replica)
+    client = await connect(config.temporal, temporal_interceptors(config),
+                           start_metrics(config, name, role))
+    closers: list = [lambda: stop_metrics(config, name)]
     try:
         workers = await build_workers(config, client, role, pool, replica, closers)
         log.info("%s worker up: %s", role, ", ".join(w.task_queue for w in workers))
@@ -49,6 +57,17 @@ async def run_worker(config: RunConfig, role: WorkerRole, pool: str = "cpu",
         stop_tracing()  # last: flushes the spans of everything above
 
 
+def worker_name(config: RunConfig, role: WorkerRole, pool: str, replica: int) -> str:
+    """The stack's name for this worker (e.g. gen.cpu.r0), else one of its own."""
+    slot = os.environ.get(WORKER_SLOT_ENV)
+    prefix = f"{Path(config.run_dir).name}."
+    if slot:
+        return slot.removeprefix(prefix)
+    if role == "control":
+        return f"control.{os.getpid()}"
+    return f"{role}.{pool}.r{replica}.{os.getpid()}"
+
+
 @contextlib.asynccontextmanager
 async def in_process_fleet(config: RunConfig, engine=None,
                            roles: tuple[WorkerRole, ...] = ("control", "env", "reward", "gen",
@@ -57,8 +76,9 @@ async def in_process_fleet(config: RunConfig, engine=None,
     event loop (tests and benchmarks), gen replicas sharing `engine` when one is given; yields the
     client."""
     stop_tracing = start_tracing(config, "rollart")
-    client = await connect(config.temporal, temporal_interceptors(config))
-    closers: list = []
+    client = await connect(config.temporal, temporal_interceptors(config),
+                           start_metrics(config, "in-process", "all"))
+    closers: list = [lambda: stop_metrics(config, "in-process")]
     workers = []
     try:
         for role in roles:

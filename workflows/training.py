@@ -36,6 +36,7 @@ with workflow.unsafe.imports_passed_through():
         Activity,
         DomainMetrics,
         IterationMetrics,
+        Ledger,
         RewardMetrics,
         RolloutShape,
         TrainingStatus,
@@ -47,6 +48,7 @@ with workflow.unsafe.imports_passed_through():
         UpdateWeightsRequest,
         UpdateWeightsResult,
     )
+    from rollart.metrics import record_iteration, record_ledger
     from rollart.queues import admin_queue, pool_queue, replica_queue
     from rollart.search_attributes import of_trajectory
     from rollart.workflows.batch_rollout import BatchRolloutWorkflow
@@ -85,6 +87,8 @@ class TrainingState(BaseModel):
     redundant_cancelled: RolloutShape = Field(default_factory=RolloutShape)
     lockstep_batches: list[str] = Field(default_factory=list, description="Batch rollouts "
                                         "that may still run (mode lockstep).")
+    exported: Ledger = Field(default_factory=Ledger, description="The ledger as the metrics "
+                             "counted it last.")
     done: bool = False
 
 
@@ -158,6 +162,7 @@ class TrainingWorkflow:
                 metrics = await self._iteration(cfg)
                 if cfg.telemetry.traces != "off":
                     trace_iteration(metrics)
+                self._export(cfg, metrics)
                 state.history = (state.history + [metrics])[-KEPT_HISTORY:]
                 state.iteration += 1
                 target = cfg.algorithm.stop_at_success
@@ -173,7 +178,19 @@ class TrainingWorkflow:
         state.done = True
         await self._cancel(state.buffer.evict_all().cancel + state.lockstep_batches)
         await workflow.wait_condition(workflow.all_handlers_finished)
+        self._export(cfg)
         return self.status()
+
+    def _export(self, cfg: RunConfig, metrics: IterationMetrics | None = None) -> None:
+        """Metrics of the iteration and the ledger, once: not again when the workflow replays
+        (on another worker, or after continue-as-new its state says what was counted)."""
+        state = self.state
+        if cfg.telemetry.metrics != "off" and not workflow.unsafe.is_replaying():
+            run = workflow.info().workflow_id
+            if metrics is not None:
+                record_iteration(run, metrics)
+            record_ledger(run, state.buffer.ledger, state.exported)
+        state.exported = state.buffer.ledger.model_copy()
 
     async def _begin(self, cfg: RunConfig) -> None:
         """Refuse an unknown environment or reward before anything starts; have the trainer

@@ -70,6 +70,7 @@ async def reset_env(spec: TrajectorySpec) -> EnvResetResult:
     return await workflow.execute_activity(
         Activity.ENV_RESET,
         EnvResetRequest(trajectory_id=spec.trajectory_id, env_name=spec.env_name,
+                        domain=spec.domain,
                         env_kwargs=spec.env_kwargs, seed=spec.seed, faults=spec.faults,
                         max_observation_chars=spec.max_observation_chars),
         result_type=EnvResetResult, task_queue=spec.env_queue,
@@ -195,6 +196,7 @@ async def restore_env(spec: TrajectorySpec, actions: list[str]) -> EnvResetResul
     return await workflow.execute_activity(
         Activity.ENV_RESTORE,
         EnvRestoreRequest(trajectory_id=spec.trajectory_id, env_name=spec.env_name,
+                          domain=spec.domain,
                           env_kwargs=spec.env_kwargs, seed=spec.seed, faults=spec.faults,
                           max_observation_chars=spec.max_observation_chars, actions=actions),
         result_type=EnvResetResult, task_queue=spec.env_queue,
