@@ -103,14 +103,16 @@ def record_iteration(run: str, metrics: IterationMetrics) -> None:
         SUCCESS_RATE.set(figures.success_rate, {**labels, "domain": domain})
     TRAINED_TOKENS_PER_S.set(metrics.tokens_per_s, labels)
     STALE_TOKEN_SHARE.set(metrics.stale_token_share, labels)
-    for reason, count in metrics.failures.items():
-        FAILURES.add(count, {**labels, "reason": reason})
 
 
-def record_ledger(run: str, ledger: Ledger, exported: Ledger) -> None:
-    """Count what the ledger gained since `exported` (what was counted before)."""
+def record_ledger(run: str, ledger: Ledger, exported: Ledger,
+                  failures: dict[str, int]) -> None:
+    """Count what the ledger gained since `exported` (what was counted before), and the
+    failures by reason since then."""
     for outcome in ("started", "trained", "evicted"):
         gained = getattr(ledger, outcome) - getattr(exported, outcome)
         if gained > 0:
             TRAJECTORIES.add(gained, {"run": run, "outcome": outcome})
+    for reason, count in failures.items():
+        FAILURES.add(count, {"run": run, "reason": reason})
     IN_FLIGHT.set(ledger.in_flight, {"run": run})

@@ -108,7 +108,9 @@ async def test_the_metrics_count_what_the_ledger_counts(temporal_server, tmp_pat
         "pools": [{"name": "cpu", "role": r} for r in ("env", "reward", "train")]
         + [{"name": "cpu", "role": "gen", "hardware": "h800"}],
         "algorithm.batch_size": 8, "algorithm.minibatches": 1, "algorithm.iterations": 3,
-        "trainer.checkpoint_every": 0})
+        "trainer.checkpoint_every": 0,
+        "domains.frozenlake.faults": {"reset_failure_rate": 0.15},
+        "domains.frozenlake.timeouts": {"attempts": 1}})
     async with in_process_fleet(config) as client:
         status = await client.execute_workflow(
             TrainingWorkflow.run, TrainingInput(config=config), id="metered",
@@ -125,6 +127,9 @@ async def test_the_metrics_count_what_the_ledger_counts(temporal_server, tmp_pat
     assert value("rollart_version_lag_count") == ledger.trained
     assert value("rollart_policy_version") == status.version == 3
     assert value("rollart_trajectories_in_flight") == 0
+    failed = sum(v for (name, labels), v in samples.items()
+                 if name == "rollart_trajectory_failures_total" and ("run", "metered") in labels)
+    assert failed == ledger.failed > 0  # every one, the last iteration's stragglers too
     steps = sum(v for (name, labels), v in samples.items()
                 if name == "rollart_env_seconds_count" and ("op", "step") in labels)
     assert steps >= ledger.trained  # every trained trajectory took at least one step

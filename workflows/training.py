@@ -182,14 +182,16 @@ class TrainingWorkflow:
         return self.status()
 
     def _export(self, cfg: RunConfig, metrics: IterationMetrics | None = None) -> None:
-        """Metrics of the iteration and the ledger, once: not again when the workflow replays
-        (on another worker, or after continue-as-new its state says what was counted)."""
+        """Metrics of the iteration and the ledger (at the end: the failures since the last
+        iteration too), once: not again when the workflow replays (on another worker, or after
+        continue-as-new its state says what was counted)."""
         state = self.state
+        failures = metrics.failures if metrics is not None else self._take_failures()
         if cfg.telemetry.metrics != "off" and not workflow.unsafe.is_replaying():
             run = workflow.info().workflow_id
             if metrics is not None:
                 record_iteration(run, metrics)
-            record_ledger(run, state.buffer.ledger, state.exported)
+            record_ledger(run, state.buffer.ledger, state.exported, failures)
         state.exported = state.buffer.ledger.model_copy()
 
     async def _begin(self, cfg: RunConfig) -> None:
