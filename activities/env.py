@@ -28,7 +28,7 @@ from rollart.contracts import (
 )
 from rollart.envs import Env, make_env, registered_envs
 from rollart.envs.base import UnknownEnvironmentError
-from rollart.metrics import ENV_SECONDS
+from rollart.metrics import ENV_SECONDS, timed
 
 TRACER = trace.get_tracer("rollart")
 
@@ -59,14 +59,11 @@ class EnvActivities:
 
     @activity.defn(name=Activity.ENV_RESET)
     def reset(self, request: EnvResetRequest) -> EnvResetResult:
-        with heartbeating_thread(), TRACER.start_as_current_span("rollart.env.reset", attributes={
-                "rollart.trajectory_id": request.trajectory_id, "rollart.env": request.env_name}):
-            started = time.perf_counter()
-            try:
-                return self._reset(request)
-            finally:
-                ENV_SECONDS.record(time.perf_counter() - started, {
-                    "op": "reset", "domain": request.domain or request.env_name})
+        span = TRACER.start_as_current_span("rollart.env.reset", attributes={
+            "rollart.trajectory_id": request.trajectory_id, "rollart.env": request.env_name})
+        labels = {"op": "reset", "domain": request.domain or request.env_name}
+        with heartbeating_thread(), span, timed(ENV_SECONDS, labels):
+            return self._reset(request)
 
     def _reset(self, request: EnvResetRequest) -> EnvResetResult:
         faults = request.faults
@@ -133,11 +130,8 @@ class EnvActivities:
         with heartbeating_thread(), TRACER.start_as_current_span("rollart.env.step", attributes={
                 "rollart.trajectory_id": request.trajectory_id}):
             domain = self.domains.get(request.trajectory_id, "")
-            started = time.perf_counter()
-            try:
+            with timed(ENV_SECONDS, {"op": "step", "domain": domain}):
                 return self._step(request)
-            finally:
-                ENV_SECONDS.record(time.perf_counter() - started, {"op": "step", "domain": domain})
 
     def _step(self, request: EnvStepRequest) -> EnvStepResult:
         tid = request.trajectory_id

@@ -37,6 +37,7 @@ from rollart.metrics import (
     GENERATED_TOKENS,
     PROMPT_TOKENS,
     WEIGHT_SECONDS,
+    timed,
 )
 from rollart.policy.engine import PolicyEngine
 from rollart.store import StoreOpener, TurnRecord
@@ -129,10 +130,9 @@ class GenerateActivities:
         with TRACER.start_as_current_span("rollart.generate", attributes={
                 "rollart.trajectory_id": request.trajectory_id, "rollart.turn": request.turn,
                 "rollart.replica": self.replica}) as span:
-            started = time.perf_counter()
-            result = await heartbeating(self._generate(request))
             labels = {"replica": self.replica}
-            GENERATE_SECONDS.record(time.perf_counter() - started, labels)
+            with timed(GENERATE_SECONDS, labels):
+                result = await heartbeating(self._generate(request))
             GENERATED_TOKENS.add(result.new_tokens, labels)
             PROMPT_TOKENS.add(result.prompt_tokens, labels)
             CACHED_TOKENS.add(result.cached_tokens, labels)

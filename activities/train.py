@@ -11,15 +11,13 @@ stays consistent with the engines.
 
 from __future__ import annotations
 
-import time
-
 from opentelemetry import trace
 from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from rollart.blobs import BlobStore
 from rollart.contracts import Activity, TrainRequest, TrainResult, UpdateWeightsRequest
-from rollart.metrics import TRAIN_STEP_SECONDS, WEIGHT_SECONDS
+from rollart.metrics import TRAIN_STEP_SECONDS, WEIGHT_SECONDS, timed
 from rollart.policy.trainer import Trainer
 from rollart.store import StoreOpener
 from rollart.weights import Publisher, Puller, unpack
@@ -42,7 +40,10 @@ class TrainActivities:
     def step(self, request: TrainRequest) -> TrainResult:
         if request.iteration in self.done:
             return self.done[request.iteration]
-        began = time.perf_counter()
+        with timed(TRAIN_STEP_SECONDS):
+            return self._step(request)
+
+    def _step(self, request: TrainRequest) -> TrainResult:
         self.take_version(request.version)
         attributes = {"rollart.iteration": request.iteration, "rollart.version": request.version,
                       "rollart.samples": len(request.samples)}
@@ -60,7 +61,6 @@ class TrainActivities:
         result = result.model_copy(update={"weights_prefix": manifest.prefix,
                                            "push_s": push.seconds, "weight_bytes": push.bytes})
         self.holds, self.done = result.version, {request.iteration: result}
-        TRAIN_STEP_SECONDS.record(time.perf_counter() - began)
         WEIGHT_SECONDS.record(push.seconds, {"op": "push"})
         return result
 

@@ -11,6 +11,10 @@ and `process_resident_memory_bytes` tell the workers apart.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 from opentelemetry import metrics
 
 from rollart.contracts import IterationMetrics, Ledger
@@ -82,6 +86,16 @@ TRAIN_STEP_SECONDS = _seconds("rollart_train_step_seconds", "One train step, che
                               "included.")
 WEIGHT_SECONDS = _seconds("rollart_weight_seconds", "Moving one version: push (trainer), pull "
                           "and load (each replica), by op.")
+
+
+@contextmanager
+def timed(histogram, labels: dict[str, str] | None = None) -> Iterator[None]:
+    """Record the block's wall time in `histogram`, also when it raises."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        histogram.record(time.perf_counter() - started, labels)
 
 
 def record_iteration(run: str, metrics: IterationMetrics) -> None:

@@ -19,10 +19,10 @@ def installed_binary(name: str) -> str | None:
     return str(beside_python) if beside_python.exists() else shutil.which(name)
 
 
-def free_port() -> int:
-    """A port on 127.0.0.1 nothing listens on now (for servers in tests and benchmarks)."""
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port on `host` nothing listens on now (for servers in tests and benchmarks)."""
     with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
+        sock.bind((host, 0))
         return sock.getsockname()[1]
 
 

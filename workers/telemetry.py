@@ -7,12 +7,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import threading
 from collections.abc import Callable
 from pathlib import Path
 
 from rollart.config import RunConfig
+from rollart.servers import free_port
 
 _LOCK = threading.Lock()
 _SERVING: dict[str, object] = {}  # this process's endpoints, started once
@@ -123,16 +123,10 @@ def _serve(host: str, port: int, worker: str) -> dict[str, object]:
         metric_readers=[PrometheusMetricReader()],
         resource=Resource.create({"service.name": f"rollart-{worker}"})))
     server, _ = start_http_server(port, addr=host)
-    sdk_port = port + 1 if port else _free_port(host)
+    sdk_port = port + 1 if port else free_port(host)
     runtime = Runtime(telemetry=TelemetryConfig(metrics=PrometheusConfig(
         bind_address=f"{host}:{sdk_port}", durations_as_seconds=True)))
     return {"runtime": runtime, "ports": (server.server_port, sdk_port)}
-
-
-def _free_port(host: str) -> int:
-    with socket.socket() as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
 
 
 def _write(path: Path, content: object) -> None:
