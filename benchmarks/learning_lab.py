@@ -47,31 +47,41 @@ MAX_TURNS = 10
 TEMPERATURE = 1.0
 # name -> (lag, stale share, AlgorithmConfig overrides): that share of each batch's groups is
 # sampled `lag` versions behind, the rest by the trainer's current version. A real alpha-1 run
-# trains on batches 0.64-0.70 stale; the first variant is the default run's algorithm, fresh.
+# trains on batches 0.64-0.70 stale. The variants with "epochs": 1 predate the epochs knob (one
+# pass per batch, the default then); "fresh, epochs 4" is the default run's algorithm, fresh.
 VARIANTS: dict[str, tuple[int, float, dict]] = {
-    "fresh": (0, 0.0, {}),
-    "stale": (1, 1.0, {}),
-    "stale, entropy_coef 0.01": (1, 1.0, {"entropy_coef": 0.01}),
-    "stale, tis_cap 1": (1, 1.0, {"tis_cap": 1.0}),
-    "stale, target_kl 0.02": (1, 1.0, {"target_kl": 0.02}),
-    "stale, sequence_mean": (1, 1.0, {"loss_aggregation": "sequence_mean"}),
-    "stale, clip_eps_high 0.28": (1, 1.0, {"clip_eps_high": 0.28}),
-    "stale, entropy_target 0.5": (1, 1.0, {"entropy_target": 0.5}),
-    "stale, target_kl_lag_power 1": (1, 1.0, {"target_kl_lag_power": 1.0}),
-    "stale, target_kl_lag_power 2": (1, 1.0, {"target_kl_lag_power": 2.0}),
-    "mixed 0.65": (1, 0.65, {}),
-    "mixed 0.65, target_kl_lag_power 1": (1, 0.65, {"target_kl_lag_power": 1.0}),
-    "mixed 0.65, target_kl_lag_power 2": (1, 0.65, {"target_kl_lag_power": 2.0}),
-    "mixed 0.65, entropy_coef 0.01": (1, 0.65, {"entropy_coef": 0.01}),
-    "fresh, batch 32": (0, 0.0, {"batch_size": 32}),
-    "mixed 0.65, batch 32": (1, 0.65, {"batch_size": 32}),
-    "mixed 0.65, learning_rate 2e-3": (1, 0.65, {"learning_rate": 2e-3}),
-    "mixed 0.65, target_kl 0.1": (1, 0.65, {"target_kl": 0.1}),
-    "mixed 0.65, learning_rate 2e-3, target_kl 0.1": (1, 0.65, {"learning_rate": 2e-3,
-                                                               "target_kl": 0.1}),
-    "mixed 0.65, minibatches 1": (1, 0.65, {"minibatches": 1}),
-    "lag 2": (2, 1.0, {}),
-    "lag 2, target_kl_lag_power 2": (2, 1.0, {"target_kl_lag_power": 2.0}),
+    "fresh": (0, 0.0, {"epochs": 1}),
+    "stale": (1, 1.0, {"epochs": 1}),
+    "stale, entropy_coef 0.01": (1, 1.0, {"epochs": 1, "entropy_coef": 0.01}),
+    "stale, tis_cap 1": (1, 1.0, {"epochs": 1, "tis_cap": 1.0}),
+    "stale, target_kl 0.02": (1, 1.0, {"epochs": 1, "target_kl": 0.02}),
+    "stale, sequence_mean": (1, 1.0, {"epochs": 1, "loss_aggregation": "sequence_mean"}),
+    "stale, clip_eps_high 0.28": (1, 1.0, {"epochs": 1, "clip_eps_high": 0.28}),
+    "stale, entropy_target 0.5": (1, 1.0, {"epochs": 1, "entropy_target": 0.5}),
+    "stale, target_kl_lag_power 1": (1, 1.0, {"epochs": 1, "target_kl_lag_power": 1.0}),
+    "stale, target_kl_lag_power 2": (1, 1.0, {"epochs": 1, "target_kl_lag_power": 2.0}),
+    "mixed 0.65": (1, 0.65, {"epochs": 1}),
+    "mixed 0.65, target_kl_lag_power 1": (1, 0.65, {"epochs": 1, "target_kl_lag_power": 1.0}),
+    "mixed 0.65, target_kl_lag_power 2": (1, 0.65, {"epochs": 1, "target_kl_lag_power": 2.0}),
+    "mixed 0.65, entropy_coef 0.01": (1, 0.65, {"epochs": 1, "entropy_coef": 0.01}),
+    "fresh, batch 32": (0, 0.0, {"epochs": 1, "batch_size": 32}),
+    "mixed 0.65, batch 32": (1, 0.65, {"epochs": 1, "batch_size": 32}),
+    "mixed 0.65, learning_rate 2e-3": (1, 0.65, {"epochs": 1, "learning_rate": 2e-3}),
+    "mixed 0.65, target_kl 0.1": (1, 0.65, {"epochs": 1, "target_kl": 0.1}),
+    "mixed 0.65, learning_rate 2e-3, target_kl 0.1": (
+        1, 0.65, {"epochs": 1, "learning_rate": 2e-3, "target_kl": 0.1}),
+    "mixed 0.65, minibatches 1": (1, 0.65, {"epochs": 1, "minibatches": 1}),
+    "mixed 0.65, epochs 2": (1, 0.65, {"epochs": 2}),
+    "mixed 0.65, epochs 4": (1, 0.65, {"epochs": 4}),
+    "mixed 0.65, group 16": (1, 0.65, {"epochs": 1, "group_size": 16}),
+    "mixed 0.65, group 64": (1, 0.65, {"epochs": 1, "group_size": 64, "minibatches": 1}),
+    "mixed 0.65, learning_rate 3e-3": (1, 0.65, {"epochs": 1, "learning_rate": 3e-3}),
+    "lag 2": (2, 1.0, {"epochs": 1}),
+    "lag 2, target_kl_lag_power 2": (2, 1.0, {"epochs": 1, "target_kl_lag_power": 2.0}),
+    "fresh, epochs 4": (0, 0.0, {"epochs": 4}),
+    "stale, epochs 4": (1, 1.0, {"epochs": 4}),
+    "lag 2, epochs 4": (2, 1.0, {"epochs": 4}),
+    "mixed 0.65, epochs 8": (1, 0.65, {"epochs": 8}),
 }
 console = Console()
 
@@ -191,6 +201,8 @@ def main(args: argparse.Namespace) -> dict:
                 progress.advance(task)
             results[name] = {"lag": lag, "stale_share": stale_share, "overrides": overrides,
                              "iterations": args.iterations, **summarize(curves)}
+            progress.console.print(f"{name}: iterations to target "
+                                   f"{results[name]['iterations_to_target']}")
     return {"target": TARGET, "iterations": args.iterations, "seeds": args.seeds,
             "model": {"hidden_size": args.hidden, "layers": args.layers},
             "batch_size": AlgorithmConfig(**base).batch_size, "variants": results}
@@ -211,11 +223,13 @@ def report(results: dict) -> str:
              f"{results['seeds']}, model {results['model']['hidden_size']}x"
              f"{results['model']['layers']}, batch {results['batch_size']} unless the variant "
              "says otherwise.", "",
-             "| variant | lag | stale share | iterations | reached | median iterations | "
-             "iterations per seed |", "|---|---:|---:|---:|---:|---:|---|"]
+             "| variant | lag | stale share | epochs | iterations | reached | median iterations "
+             "| iterations per seed |", "|---|---:|---:|---:|---:|---:|---:|---|"]
     for name, r in results["variants"].items():
         hits = ", ".join("-" if h is None else str(h) for h in r["iterations_to_target"])
-        lines.append(f"| {name} | {r['lag']} | {r['stale_share']} | {r['iterations']} | "
+        epochs = r["overrides"].get("epochs", AlgorithmConfig().epochs)
+        lines.append(f"| {name} | {r['lag']} | {r['stale_share']} | {epochs} | "
+                     f"{r['iterations']} | "
                      f"{r['seeds_reaching_target']}/{r['seeds']} | "
                      f"{r['median_iterations_to_target'] or '-'} | {hits} |")
     return "\n".join(lines)

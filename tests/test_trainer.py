@@ -204,3 +204,21 @@ def test_a_batch_without_signal_leaves_the_weights_as_they_were(model_path, tmp_
     assert all(torch.equal(a, b) for a, b in zip(before, trainer.model.parameters(),
                                                  strict=True))
     assert flat.learning.step_kl == 0 and flat.version == 2
+
+
+def test_more_epochs_reuse_the_batch_and_stay_clipped_to_the_pre_step_policy(model_path,
+                                                                              tmp_path):
+    """Each pass takes its own optimizer steps (so four passes move the policy further than
+    one), all measured against the policy before the step: once the ratio leaves the clip
+    range, later passes stop pushing it."""
+    store = TrajectoryStore(str(tmp_path))
+    steps = {}
+    for epochs in (1, 4):
+        trainer = Trainer(model_path, learning_rate=1e-3)
+        samples = stored_group(trainer, store, f"e{epochs}", [1, 0, 0, 0])
+        algorithm = AlgorithmConfig(group_size=4, batch_size=4, minibatches=1, epochs=epochs,
+                                    learning_rate=3e-2, target_kl=None)
+        steps[epochs] = trainer.train_step(store, samples, algorithm, temperature=1.0)
+    assert steps[4].learning.step_kl > 2 * steps[1].learning.step_kl
+    assert steps[1].clip_fraction == 0  # a single pass starts at ratio 1 everywhere
+    assert steps[4].clip_fraction > 0

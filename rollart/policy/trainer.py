@@ -138,7 +138,7 @@ class Trainer:
                  if algorithm.target_kl is not None else None)
 
         losses, clip_fractions, tokens, grad_norm, stepped = [], [], 0, 0.0, False
-        for batch in batches:
+        for batch in [b for _ in range(algorithm.epochs) for b in batches]:
             if not entropy_coef and not bool((batch.advantages != 0).any()):
                 # No gradient: an optimizer step would still move every weight along Adam's
                 # momentum (for ten steps and more after the last evidence), sharpening the
