@@ -222,3 +222,4 @@ def test_more_epochs_reuse_the_batch_and_stay_clipped_to_the_pre_step_policy(mod
     assert steps[4].learning.step_kl > 2 * steps[1].learning.step_kl
     assert steps[1].clip_fraction == 0  # a single pass starts at ratio 1 everywhere
     assert steps[4].clip_fraction > 0
+    assert steps[4].trained_tokens == steps[1].trained_tokens == 4  # counted once

@@ -4,6 +4,7 @@ its weights go out as named tensors (to the weight store) and its checkpoints to
 from __future__ import annotations
 
 import io
+import itertools
 import os
 import random
 import time
@@ -138,7 +139,7 @@ class Trainer:
                  if algorithm.target_kl is not None else None)
 
         losses, clip_fractions, tokens, grad_norm, stepped = [], [], 0, 0.0, False
-        for batch in [b for _ in range(algorithm.epochs) for b in batches]:
+        for epoch, batch in itertools.product(range(algorithm.epochs), batches):
             if not entropy_coef and not bool((batch.advantages != 0).any()):
                 # No gradient: an optimizer step would still move every weight along Adam's
                 # momentum (for ten steps and more after the last evidence), sharpening the
@@ -162,7 +163,7 @@ class Trainer:
             stepped = True
             losses.append(float(stats.loss.detach()))
             clip_fractions.append(stats.clip_fraction)
-            tokens += stats.tokens
+            tokens += stats.tokens if epoch == 0 else 0  # the batch's tokens, once
             heartbeat()
 
         versions_by_group = [[s.sampled_versions for s in group] for group in groups]
