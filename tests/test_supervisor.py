@@ -173,3 +173,52 @@ def test_a_run_whose_launcher_was_killed_resumes_where_it_was(tmp_path):
     trained = [tid for ids in batches.values() for tid in ids]
     assert sorted(batches) == list(range(6)) and len(trained) == len(set(trained))
     assert len(trained) == ledger["trained"]
+
+
+def test_a_replica_killed_mid_turn_is_not_pinged_its_turns_go_on_elsewhere(tmp_path):
+    """Two replicas; one is SIGKILLed while it serves turns. Each lost turn is sent again once
+    its heartbeat lapses, without a ping to the dead replica first (that ping waited out its
+    own timeout, 10 s, before the turn could move), and nothing fails."""
+    from temporalio.api.enums.v1 import EventType, TimeoutType
+
+    from rollart.config import TemporalConfig
+    from rollart.workers.client import connect
+    from rollart.workers.devserver import DevServer
+
+    run_dir = tmp_path / "run"
+    config = tmp_path / "sim.toml"
+    port = free_port()
+    text = CONFIG.format(run_dir=run_dir, port=port, ui_port=free_port())
+    # long turns (each action stands for 1,024 simulated tokens): the kill finds some in flight
+    text = text.replace("time_scale = 0.02", "time_scale = 0.02\ntoken_scale = 1024")
+    text = text.replace('hardware = "h800"', 'hardware = "h800"\nreplicas = 2')
+    config.write_text(text.replace("iterations = 6", "iterations = 3"))
+    launcher = launch("--config", str(config))
+    try:
+        wait_for_iterations(launcher, run_dir, 1)
+        os.killpg(worker_pid(launcher, "gen --pool h800 --replica 0"), signal.SIGKILL)
+        assert launcher.wait(timeout=300) == 0, launcher.stderr.read()
+    finally:
+        stop(launcher)
+    status = json.loads((run_dir / "status.json").read_text())
+    assert status["ledger"]["failed"] == 0
+
+    async def activities() -> tuple[int, int]:
+        client = await connect(TemporalConfig(address=f"127.0.0.1:{port}"))
+        silent, pings = 0, 0
+        async for execution in client.list_workflows("WorkflowType='TrajectoryWorkflow'"):
+            history = await client.get_workflow_handle(execution.id).fetch_history()
+            for event in history.events:
+                if event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_TIMED_OUT:
+                    failure = event.activity_task_timed_out_event_attributes.failure
+                    silent += (failure.timeout_failure_info.timeout_type
+                               == TimeoutType.TIMEOUT_TYPE_HEARTBEAT)
+                elif event.event_type == EventType.EVENT_TYPE_ACTIVITY_TASK_SCHEDULED:
+                    pings += event.activity_task_scheduled_event_attributes.activity_type.name \
+                        == "gen.ping"
+        return silent, pings
+
+    with DevServer(run_dir / "temporal.db", port, None):
+        silent, pings = asyncio.run(activities())
+    assert silent > 0, "the kill found no turn in flight: the test checked nothing"
+    assert pings == 0

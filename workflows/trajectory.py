@@ -34,6 +34,7 @@ with workflow.unsafe.imports_passed_through():
         EnvStepResult,
         GenerateRequest,
         GenerateResult,
+        PoolUsage,
         ReleaseRequest,
         RewardRequest,
         RewardResult,
@@ -55,6 +56,7 @@ MAX_PICKUP = timedelta(minutes=10)
 PING_TIMEOUT = timedelta(seconds=10)
 ROUTE_TIMEOUT = timedelta(seconds=10)
 PING_BEFORE_MARKING_DOWN = "ping-before-marking-down"
+SILENT_REPLICA_IS_DOWN = "silent-replica-is-down"
 RESTORE_LOST_ENV = "restore-lost-env"
 MAX_RESTORES = 3
 DONE_SIGNAL = "trajectory_done"
@@ -86,9 +88,10 @@ async def generate_turn(spec: TrajectorySpec, turn: int, observation: str,
     """One turn on the replica the router picks; (result, route, times it was sent again).
 
     A request no replica picks up in time, or whose replica goes silent, is sent again through
-    the router. Its replica is marked down only when it does not answer a ping either (a full
-    queue is not a dead replica), and never when it is the domain's only replica: there, waiting
-    for it is all there is, so its requests wait long before anything is sent again."""
+    the router. A replica that went silent mid-request is marked down; one that left a request
+    in its queue, only when it does not answer a ping either (a full queue is not a dead
+    replica). Never the domain's only replica: there, waiting for it is all there is, so its
+    requests wait long before anything is sent again."""
     only_replica = sum(replicas for _, replicas in spec.gen_pools) == 1
     pickup = ONLY_REPLICA_PICKUP if only_replica else timedelta(
         seconds=spec.routing.schedule_to_start_s)
@@ -118,8 +121,7 @@ async def generate_turn(spec: TrajectorySpec, turn: int, observation: str,
             )
         except ActivityError as err:
             outcome = _outcome(err)
-            if (outcome == "unreachable" and workflow.patched(PING_BEFORE_MARKING_DOWN)
-                    and await _answers_ping(decision.queue, spec.routing.schedule_to_start_s)):
+            if outcome == "unreachable" and await _alive_but_busy(err, decision.queue, spec):
                 outcome = "busy"
             elif outcome == "unreachable" and only_replica:
                 outcome = "failed"  # nowhere else to go: marking it down would change nothing
@@ -139,6 +141,22 @@ async def generate_turn(spec: TrajectorySpec, turn: int, observation: str,
     raise ApplicationError(f"turn {turn} of {spec.trajectory_id} was sent {GENERATE_SENDS} "
                            "times and never served: its replicas stay alive but full",
                            type="ReplicasSaturated")
+
+
+async def _alive_but_busy(err: ActivityError, queue: str, spec: TrajectorySpec) -> bool:
+    """Whether a replica that did not serve a request still lives. One that took the request
+    and then stopped heartbeating died (a busy replica keeps heartbeating while it waits on its
+    engine): asking it too cost a ping's timeout per lost turn (10 s of a chaos run's recovery).
+    One whose queue held the request past the pickup timeout may be full, so it is pinged."""
+    if _went_silent(err) and workflow.patched(SILENT_REPLICA_IS_DOWN):
+        return False
+    return (workflow.patched(PING_BEFORE_MARKING_DOWN)
+            and await _answers_ping(queue, spec.routing.schedule_to_start_s))
+
+
+def _went_silent(err: ActivityError) -> bool:
+    cause = err.cause
+    return isinstance(cause, TimeoutError) and cause.type == TimeoutType.HEARTBEAT
 
 
 async def _answers_ping(queue: str, pickup_s: float) -> bool:
@@ -319,6 +337,7 @@ class TrajectoryWorkflow:
             partial.prompt_tokens += gen.prompt_tokens
             partial.cached_tokens += gen.cached_tokens
             partial.fallback_turns += route.fallback
+            partial.gen_usage.setdefault(route.pool, PoolUsage()).add(gen)
             partial.end_version = max(partial.end_version, gen.version)
             partial.mixed_versions = partial.mixed_versions or gen.mixed_versions
             self.phase = "step"
