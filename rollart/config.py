@@ -201,6 +201,14 @@ class RoutingConfig(StrictModel):
         "when it is the domain's only replica (whose requests wait up to 10 minutes).")
     down_s: float = Field(10.0, gt=0, description="A replica marked down is probed again after "
                           "this; traffic returns once a probe is served.")
+    remap: bool = Field(False, description="Let the online profiler move a domain to another "
+                        "of its pools (gen_pool, gen_fallback) when it predicts a faster "
+                        "iteration; off: it only recommends (logged, in the metrics).")
+    remap_margin: float = Field(0.15, ge=0, description="remap: the predicted generation time "
+                                "must beat the current mapping's by this share ...")
+    remap_patience: int = Field(3, ge=1, description="... for this many iterations in a row.")
+    profile_smoothing: float = Field(0.5, gt=0, le=1, description="Weight of the newest "
+                                     "iteration in the profiler's moving averages.")
 
 
 class AlgorithmConfig(StrictModel):
@@ -348,6 +356,9 @@ class SimulationConfig(StrictModel):
         512, gt=0, description="Simulated tokens per real token of a free-text answer (any "
         "output but a single-token action): each digit of an answer stands for a stretch of "
         "reasoning, as a math domain's long chains of thought.")
+    answer_growth: float = Field(
+        0.0, ge=0, description="Drift: answers lengthen by this share of answer_token_scale "
+        "per policy version (reasoning that grows during training; 0: lengths stay put).")
     compute_efficiency: float = Field(0.5, gt=0, le=1, description="Share of peak FLOPS "
                                       "prefill and batched decode reach.")
     bandwidth_efficiency: float = Field(0.7, gt=0, le=1, description="Share of peak memory "

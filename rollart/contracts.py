@@ -161,6 +161,9 @@ class GenerateResult(BaseModel):
     mixed_versions: bool = False
     replica: str = Field("", description="The replica queue that served the turn.")
     request_id: str = ""
+    first_token_s: float = Field(0.0, description="Engine time from the request's arrival to "
+                                 "its first token: queueing and prefill.")
+    engine_s: float = Field(0.0, description="Engine time from arrival to the last token.")
 
 
 class RouteRequest(BaseModel):
@@ -221,6 +224,24 @@ class RewardResult(BaseModel):
                 "reward_compute_s": self.compute_s, "reward_remote_s": self.remote_s}
 
 
+class PoolUsage(BaseModel):
+    """What one trajectory's turns asked of one generation pool and how long the pool took:
+    the online profiler's observations."""
+
+    turns: int = 0
+    prefill_tokens: int = Field(0, description="Prompt tokens not served from a prefix cache.")
+    decode_tokens: int = 0
+    prefill_s: float = Field(0.0, description="Arrival to first token, summed over turns.")
+    decode_s: float = Field(0.0, description="First token to last, summed over turns.")
+
+    def add(self, result: GenerateResult) -> None:
+        self.turns += 1
+        self.prefill_tokens += max(result.prompt_tokens - result.cached_tokens, 0)
+        self.decode_tokens += result.new_tokens
+        self.prefill_s += result.first_token_s
+        self.decode_s += max(result.engine_s - result.first_token_s, 0.0)
+
+
 class TrajectoryResult(BaseModel):
     """A reference to a finished trajectory: where its tokens are, plus the scalars to batch it."""
 
@@ -244,6 +265,8 @@ class TrajectoryResult(BaseModel):
                               "after its own died.")
     env_step_s: float = Field(0.0, description="Time its env steps took, retries included "
                               "(workflow time; 0 in lockstep batches).")
+    gen_usage: dict[str, PoolUsage] = Field(default_factory=dict, description="By the "
+                                            "generation pool that served its turns.")
     reward_kind: str = ""
     reward_latency_s: float = 0.0
     reward_queue_s: float = 0.0
@@ -401,6 +424,19 @@ class RewardMetrics(BaseModel):
         0.0, description="Of endpoints that report their compute: the call's time beyond it.")
 
 
+class ProfileMetrics(BaseModel):
+    """The online profiler's view after an iteration (rollart.workflows.profiler)."""
+
+    mapping: dict[str, str] = Field(description="Domain -> the pool its turns go to first.")
+    recommended: dict[str, str]
+    predicted_s: float | None = Field(None, description="Generation seconds per iteration the "
+                                      "mapping is predicted to take (busiest pool, per replica).")
+    recommended_s: float | None = None
+    remapped: bool = Field(False, description="The run switched to the recommendation now.")
+    pools: dict[str, dict[str, float]] = Field(default_factory=dict, description="Measured "
+                                               "seconds per prefill and per decode token.")
+
+
 class IterationMetrics(BaseModel):
     iteration: int
     ended_at: datetime
@@ -438,6 +474,8 @@ class IterationMetrics(BaseModel):
     weight_pull_s: float = Field(0.0, description="Mean over replicas, overlapped with rollout.")
     weight_exposed_s: float = Field(0.0, description="Mean over replicas of the suspension.")
     weight_bytes: int = Field(0, description="Bytes pushed plus bytes pulled by all replicas.")
+    profile: ProfileMetrics | None = Field(None, description="Domain -> pool mapping, where "
+                                           "a domain may use more than one pool.")
 
 
 class Ledger(BaseModel):

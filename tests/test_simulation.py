@@ -205,3 +205,34 @@ async def test_a_streaming_batch_trains_on_what_is_ready_after_its_deadline(temp
     assert ledger.started == ledger.trained + ledger.failed + ledger.evicted
     sizes = [m.trajectories for m in status.history]
     assert set(sizes) <= {4, 8} and 4 in sizes  # half batches (one group of two) happened
+
+
+async def test_the_profiler_moves_lengthening_answers_to_the_bandwidth_pool(temporal_server,
+                                                                           tmp_path):
+    """Both domains start on one H800 replica; answers lengthen with every version. With
+    routing.remap the profiler moves arithmetic to the idle H20 pool (once the prediction has
+    beaten the mapping for remap_patience iterations) and its turns are served there after."""
+    domains = {"frozenlake": {"gen_pool": "h800", "gen_fallback": ["h20"], "max_turns": 4},
+               "arithmetic": {"gen_pool": "h800", "gen_fallback": ["h20"], "max_turns": 1,
+                              "kwargs": {"digits": 3, "terms": 4}}}
+    config = sim_config(temporal_server, tmp_path, **{
+        "domains": domains, "algorithm.mode": "sync", "algorithm.iterations": 5,
+        "pools": [{"name": "cpu", "role": r} for r in ("env", "reward", "train")]
+        + [{"name": "h800", "role": "gen", "hardware": "h800"},
+           {"name": "h20", "role": "gen", "hardware": "h20", "replicas": 2}],
+        "simulation.answer_token_scale": 64, "simulation.answer_growth": 4.0,
+        "routing.remap": True, "routing.remap_patience": 2})
+    async with in_process_fleet(config) as client:
+        status = await client.execute_workflow(
+            TrainingWorkflow.run, TrainingInput(config=config), id="sim-remap",
+            task_queue=config.temporal.control_queue, result_type=TrainingStatus)
+    profiles = [m.profile for m in status.history]
+    assert all(p is not None and p.pools for p in profiles)
+    assert profiles[0].mapping == {"frozenlake": "h800", "arithmetic": "h800"}
+    moved = next(k for k, p in enumerate(profiles) if p.remapped)
+    assert moved >= 1 and profiles[moved].recommended["arithmetic"] == "h20"
+    assert profiles[moved].recommended["frozenlake"] == "h800"
+    assert moved < len(profiles) - 1
+    assert all(p.mapping["arithmetic"] == "h20" for p in profiles[moved + 1:])
+    assert "h20" in profiles[-1].pools  # measured: it served turns
+    assert status.ledger.failed == 0

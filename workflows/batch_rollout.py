@@ -13,7 +13,13 @@ from temporalio import workflow
 from temporalio.exceptions import ActivityError, ApplicationError
 
 with workflow.unsafe.imports_passed_through():
-    from rollart.contracts import CONTEXT_FULL, GenerateResult, TrajectoryResult, TrajectorySpec
+    from rollart.contracts import (
+        CONTEXT_FULL,
+        GenerateResult,
+        PoolUsage,
+        TrajectoryResult,
+        TrajectorySpec,
+    )
     from rollart.workflows.trajectory import (
         DONE_SIGNAL,
         close_env,
@@ -69,9 +75,13 @@ class BatchRolloutWorkflow:
             active = [i for i in active if turn < specs[i].max_turns]
             if not active:
                 break
-            gens = [gen for gen, _, _ in await asyncio.gather(*(
+            turns = await asyncio.gather(*(
                 generate_turn(specs[i], turn, observations[i], resets[i], previous[i])
-                for i in active))]
+                for i in active))
+            gens = [gen for gen, _, _ in turns]
+            for i, (gen, route, _) in zip(active, turns, strict=True):
+                if gen.finish_reason != CONTEXT_FULL:
+                    results[i].gen_usage.setdefault(route.pool, PoolUsage()).add(gen)
             stepping = [(i, gen) for i, gen in zip(active, gens, strict=True)
                         if gen.finish_reason != CONTEXT_FULL]
             steps = await asyncio.gather(*(

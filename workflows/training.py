@@ -37,6 +37,7 @@ with workflow.unsafe.imports_passed_through():
         DomainMetrics,
         IterationMetrics,
         Ledger,
+        ProfileMetrics,
         RewardMetrics,
         RolloutShape,
         TrainingStatus,
@@ -53,6 +54,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.search_attributes import of_trajectory
     from rollart.workflows.batch_rollout import BatchRolloutWorkflow
     from rollart.workflows.buffer import Group, SampleBuffer, groups_to_start
+    from rollart.workflows.profiler import Accelerator, Profiler
     from rollart.workflows.trajectory import DONE_SIGNAL, TrajectoryWorkflow
 
 TRAIN_TIMEOUT = timedelta(minutes=30)
@@ -89,6 +91,9 @@ class TrainingState(BaseModel):
                                         "that may still run (mode lockstep).")
     exported: Ledger = Field(default_factory=Ledger, description="The ledger as the metrics "
                              "counted it last.")
+    profiler: Profiler = Field(default_factory=Profiler)
+    mapping: dict[str, str] = Field(default_factory=dict, description="Domain -> the pool the "
+                                    "profiler moved it to (routing.remap); others as configured.")
     done: bool = False
 
 
@@ -104,8 +109,10 @@ class TrainingWorkflow:
         # Set up before any handler runs: signals buffered across continue-as-new arrive with
         # the new run's first task.
         self.config = inp.config
-        self.state = inp.state or TrainingState(buffer=SampleBuffer(
-            alpha=inp.config.algorithm.alpha, batch_order=inp.config.algorithm.batch_order))
+        self.state = inp.state or TrainingState(
+            buffer=SampleBuffer(alpha=inp.config.algorithm.alpha,
+                                batch_order=inp.config.algorithm.batch_order),
+            profiler=Profiler(smoothing=inp.config.routing.profile_smoothing))
         self.training = False
         self.stopping = False
         self.starting = 0
@@ -283,6 +290,9 @@ class TrainingWorkflow:
         state.groups_started += 1
         specs = [TrajectorySpec.for_domain(cfg, domain, tid, group_id, seed, state.version)
                  for tid in members]
+        if domain in state.mapping:  # the profiler moved it: that pool first, then the rest
+            pools = sorted(specs[0].gen_pools, key=lambda p: p[0] != state.mapping[domain])
+            specs = [spec.model_copy(update={"gen_pools": pools}) for spec in specs]
         tags = (of_trajectory(workflow.info().workflow_id, domain, group_id, state.version)
                 if cfg.temporal.search_attributes else None)
         return specs, tags
@@ -344,7 +354,37 @@ class TrainingWorkflow:
         metrics.weight_pull_s = _mean([u.pull_s for u in updates])
         metrics.weight_exposed_s = _mean([u.seconds for u in updates])
         metrics.weight_bytes = train.weight_bytes + sum(u.bytes for u in updates)
+        metrics.profile = self._profile(cfg, [r for g in groups for r in g.completed])
         return metrics
+
+    def _profile(self, cfg: RunConfig, results: list[TrajectoryResult]) -> ProfileMetrics | None:
+        """Feed the profiler this batch; follow its recommendation when routing.remap allows.
+        None when no domain may use more than one pool."""
+        state, routing = self.state, cfg.routing
+        choices = {name: sorted((p.name for p in cfg.gen_pools(domain)),
+                                key=lambda p, name=name: p != state.mapping.get(name, p))
+                   for name, domain in cfg.domains.items()}
+        if all(len(pools) == 1 for pools in choices.values()):
+            return None
+        state.profiler.observe(results)
+        hardware = cfg.simulation.hardware
+        accelerators = {
+            p.name: Accelerator(replicas=p.replicas,
+                                dense_tflops=getattr(hardware.get(p.hardware), "dense_tflops",
+                                                     None),
+                                memory_tb_s=getattr(hardware.get(p.hardware), "memory_tb_s",
+                                                    None))
+            for p in cfg.serving_gen_pools()}
+        current = {name: pools[0] for name, pools in choices.items()}
+        decision = state.profiler.decide(current, choices, accelerators, routing.remap,
+                                         routing.remap_margin, routing.remap_patience)
+        if decision.remapped:
+            moved = {d: p for d, p in decision.recommended.items() if current[d] != p}
+            state.mapping.update(moved)
+            workflow.logger.warning("profiler: remapped %s (predicted generation %.1f s -> "
+                                    "%.1f s per iteration)", moved, decision.predicted_s,
+                                    decision.recommended_s)
+        return decision
 
     async def _get_batch(self, algo: AlgorithmConfig) -> list[Group]:
         """A full batch; or, streaming, what is ready once the deadline passed (at least the

@@ -29,6 +29,10 @@ class Sample:
     versions: list[int]
     """The policy version that sampled each token: a request in flight across a weight update
     keeps its earlier tokens and continues under the new version."""
+    first_token_s: float = 0.0
+    """Seconds from the request's arrival to its first token (queueing and prefill)."""
+    engine_s: float = 0.0
+    """Seconds from its arrival to its last token."""
 
     @property
     def version(self) -> int:
@@ -174,13 +178,15 @@ class PolicyEngine:
         start_version, progress = self.version, _InFlight()
         self._in_flight[request_id] = progress
         self._adapt_speculation()
-        final = None
+        final, arrived, first_token_s = None, time.monotonic(), 0.0
         try:
             async for output in self.llm.generate(
                 TokensPrompt(prompt_token_ids=prompt_ids), params, request_id
             ):
                 final = output
                 progress.produced = len(output.outputs[0].token_ids)
+                if not first_token_s and progress.produced:
+                    first_token_s = time.monotonic() - arrived
         finally:
             del self._in_flight[request_id]
             self._adapt_speculation()
@@ -197,6 +203,8 @@ class PolicyEngine:
             finish_reason=completion.finish_reason or "unknown",
             cached_tokens=final.num_cached_tokens or 0,
             versions=versions,
+            first_token_s=first_token_s,
+            engine_s=time.monotonic() - arrived,
         )
 
     async def next_token_distribution(self, prompt_ids: list[int],

@@ -36,6 +36,8 @@ class _Request:
     done: asyncio.Future
     context: float = 0.0  # simulated tokens held in KV cache
     switches: list[tuple[int, int]] = field(default_factory=list)
+    arrived: float = 0.0  # loop time
+    prefilled: float = 0.0  # loop time its prefill ended: its first token
 
     def produced(self) -> int:
         """Real output tokens sampled so far."""
@@ -116,14 +118,16 @@ class SimulatedEngine(PolicyEngine):
         cached = self._cached_prefix(prompt_ids)
         scale = self.simulation.token_scale
         action = max_tokens == 1 and allowed_token_ids is not None
-        output_scale = scale if action else self.simulation.answer_token_scale
+        output_scale = scale if action else self.simulation.answer_token_scale * (
+            1 + self.simulation.answer_growth * max(self.version, 0))
         start_version = self.version
         request = _Request(prefill=max(len(prompt_ids) - cached, 1) * scale,
                            decode=len(token_ids) * output_scale, output_tokens=len(token_ids),
                            output_scale=output_scale,
                            done=asyncio.get_running_loop().create_future(),
-                           context=cached * scale)
+                           context=cached * scale, arrived=asyncio.get_running_loop().time())
         await self._serve(request)
+        finished = asyncio.get_running_loop().time()
         self._remember(prompt_ids + token_ids)
         versions = [start_version] * len(token_ids)
         for index, version in request.switches:
@@ -131,7 +135,9 @@ class SimulatedEngine(PolicyEngine):
         eos = self.tokenizer.eos_token_id
         return Sample(token_ids=token_ids, logprobs=[-math.log(choices)] * len(token_ids),
                       finish_reason="stop" if token_ids and token_ids[-1] == eos else "length",
-                      cached_tokens=cached, versions=versions)
+                      cached_tokens=cached, versions=versions,
+                      first_token_s=(request.prefilled or finished) - request.arrived,
+                      engine_s=finished - request.arrived)
 
     async def next_token_distribution(self, prompt_ids: list[int],
                                       token_ids: list[int]) -> list[float]:
@@ -245,6 +251,8 @@ class SimulatedEngine(PolicyEngine):
                 if request.prefill > EPS:
                     took = min(request.prefill, chunk * done)
                     request.prefill -= took
+                    if request.prefill <= EPS:
+                        request.prefilled = loop.time()
                 else:
                     took = min(request.decode, done)
                     request.decode -= took
