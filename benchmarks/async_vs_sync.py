@@ -17,7 +17,7 @@ Weights go through local files, as when the results were first measured (before 
 store), so a rerun compares with them and needs no mooncake_master.
 
 Run: .venv/bin/python benchmarks/async_vs_sync.py [--target 0.8] [--max-iterations 30]
-     [--batch 64] [--seeds 3] [--multitask | --multitask-only] [--smoke]
+     [--batch 64] [--seeds 3] [--multitask | --multitask-only | --scheduling-only] [--smoke]
 (writes results/async_vs_sync.json and async_vs_sync.md beside this file; --smoke: every mode,
 the scheduling comparison and the multitask runs at the smallest sizes, nothing written;
 --out FILE writes the summary there instead, for experiments)
@@ -97,22 +97,30 @@ async def run_mode(client, base: dict, name: str, overrides: dict, seed: int) ->
 
 SCHEDULING_SIGMAS = {"low_variance": 0.25, "high_variance": 1.5}
 SCHEDULING_TRAJECTORIES, SCHEDULING_TURNS = 32, 8
+SCHEDULING_REPEATS = 3  # unseeded heavy-tailed latency: one round is one draw of the tail
 SMOKE = {"algorithm.group_size": 4, "algorithm.batch_size": 16, "algorithm.minibatches": 1,
          "algorithm.iterations": 2}
 SMOKE_TRAJECTORIES, SMOKE_TURNS = 4, 2
 
 
-async def scheduling(client, base: dict, trajectories: int, turns: int) -> dict:
+async def scheduling(client, base: dict, trajectories: int, turns: int,
+                     repeats: int = SCHEDULING_REPEATS) -> dict:
     """Trajectory-level (one workflow per trajectory, each at its own pace) vs batch-level
-    (lockstep turns) rollout of the same fixed-length episodes, as env latency variance grows."""
+    (lockstep turns) rollout of the same fixed-length episodes, as env latency variance grows;
+    seconds are means over `repeats` rounds, the ratio is of the means."""
     results = {}
     for label, sigma in SCHEDULING_SIGMAS.items():
         latency = {"step_median_s": 0.05, "step_sigma": sigma}
         config = load_config(None, **{**base, "domains.frozenlake.faults": latency,
                                       "domains.frozenlake.env": "corridor",
                                       "domains.frozenlake.max_turns": turns})
-        results[label] = {"step_sigma": sigma,
-                          **await traj_vs_batch(client, config, f"sched-{label}", trajectories)}
+        rounds = [await traj_vs_batch(client, config, f"sched-{label}-{k}", trajectories)
+                  for k in range(repeats)]
+        traj_s = statistics.fmean(r["trajectory_level_s"] for r in rounds)
+        batch_s = statistics.fmean(r["batch_level_s"] for r in rounds)
+        results[label] = {"step_sigma": sigma, "trajectory_level_s": traj_s,
+                          "batch_level_s": batch_s, "ratio": batch_s / traj_s,
+                          "rounds": rounds}
     return results
 
 
@@ -193,12 +201,14 @@ async def main(args: argparse.Namespace) -> dict:
     sizes = ((SMOKE_TRAJECTORIES, SMOKE_TURNS) if args.smoke
              else (SCHEDULING_TRAJECTORIES, SCHEDULING_TURNS))
     seeds = range(1 if args.smoke else args.seeds)
-    modes = [] if args.multitask_only else [(n, o) for n, o in MODES if n in args.modes]
+    modes = ([] if args.multitask_only or args.scheduling_only
+             else [(n, o) for n, o in MODES if n in args.modes])
     results: dict = {"modes": {}, "multitask": {}}
     try:
         async with in_process_fleet(load_config(None, **base), engine) as client:
             if not args.no_scheduling and not args.multitask_only:
-                results["scheduling"] = await scheduling(client, base, *sizes)
+                results["scheduling"] = await scheduling(
+                    client, base, *sizes, repeats=1 if args.smoke else SCHEDULING_REPEATS)
             with Progress(console=console) as progress:
                 task = progress.add_task("runs", total=len(modes) * len(seeds))
                 for seed in seeds:
@@ -207,7 +217,7 @@ async def main(args: argparse.Namespace) -> dict:
                         run = await run_mode(client, base, name, overrides, seed)
                         results["modes"].setdefault(name, []).append(run)
                         progress.advance(task)
-        if args.multitask or args.multitask_only or args.smoke:
+        if (args.multitask or args.multitask_only or args.smoke) and not args.scheduling_only:
             results["multitask"] = await multitask(engine, base, args.smoke)
     finally:
         engine.shutdown()
@@ -225,6 +235,8 @@ def scheduling_lines(sched: dict) -> list[str]:
              "together.", "",
              "| env step sigma | trajectory-level s | batch-level s | batch / trajectory |",
              "|---|---|---|---|"]
+    rounds = len(next(iter(sched.values())).get("rounds", [None]))
+    lines[2] += f" Seconds: mean of {rounds} rounds."
     lines += [f"| {r['step_sigma']} | {r['trajectory_level_s']:.1f} | {r['batch_level_s']:.1f} "
               f"| {r['ratio']:.2f} |" for r in sched.values()]
     return lines
@@ -343,7 +355,37 @@ def report_multitask_only(results: dict) -> None:
     markdown.write_text(kept + "\n\n" + "\n".join(multitask_lines(multi)) + "\n")
 
 
+def kept_from_other_runs(path: Path, summary: dict) -> dict:
+    """Recorded keys this run does not measure: benchmarks/simulated.py's sim_* figures, and
+    the multitask comparison when it was not rerun."""
+    if not path.exists():
+        return {}
+    recorded = json.loads(path.read_text())
+    return {key: value for key, value in recorded.items() if key not in summary
+            and (key.startswith("sim_") or key.startswith("multitask"))}
+
+
+def report_scheduling_only(results: dict) -> None:
+    sched = results["scheduling"]
+    console.print("\n".join(scheduling_lines(sched)))
+    here = Path(__file__).parent
+    out = here / "results" / "async_vs_sync.json"
+    recorded = json.loads(out.read_text())
+    recorded.update(scheduling=sched,
+                    traj_vs_batch_ratio_high_variance=sched["high_variance"]["ratio"],
+                    traj_vs_batch_ratio_low_variance=sched["low_variance"]["ratio"])
+    out.write_text(json.dumps(recorded, indent=2) + "\n")
+    markdown = here / "async_vs_sync.md"
+    before, after = markdown.read_text().split(SCHEDULING_HEADING)
+    rest = after[after.index(MULTITASK_HEADING):] if MULTITASK_HEADING in after else ""
+    markdown.write_text(before + "\n".join(scheduling_lines(sched)) + "\n\n" + rest)
+
+
 def report(results: dict, args: argparse.Namespace) -> None:
+    if args.scheduling_only:
+        if not args.smoke:
+            report_scheduling_only(results)
+        return
     if args.multitask_only:
         if not args.smoke:
             report_multitask_only(results)
@@ -383,7 +425,9 @@ def report(results: dict, args: argparse.Namespace) -> None:
     here = Path(__file__).parent
     plot(modes, here / "results" / "async_vs_sync.png")
     sched = results.get("scheduling")
-    save("async_vs_sync", summary, "Async vs sync",
+    kept = kept_from_other_runs(here / "results" / "async_vs_sync.json", summary)
+    multi = results.get("multitask") or kept.get("multitask")
+    save("async_vs_sync", {**kept, **summary}, "Async vs sync",
          f".venv/bin/python benchmarks/async_vs_sync.py --target {args.target} "
          f"--max-iterations {args.max_iterations} --batch {args.batch} --seeds {args.seeds}",
          [f"Env latency: {LATENCY}. Learning figures: the tiny model on the real engine and "
@@ -391,7 +435,7 @@ def report(results: dict, args: argparse.Namespace) -> None:
           "the mean over the runs that reached the target. Curves: "
           "`results/async_vs_sync.png`.", "", *lines,
           *(["", *scheduling_lines(sched)] if sched else []),
-          *(["", *multitask_lines(results["multitask"])] if results.get("multitask") else [])])
+          *(["", *multitask_lines(multi)] if multi else [])])
 
 
 if __name__ == "__main__":
@@ -409,6 +453,8 @@ if __name__ == "__main__":
                         help="also train examples/multitask.toml and each of its domains alone")
     parser.add_argument("--multitask-only", action="store_true",
                         help="only the multitask comparison; merged into the recorded JSON")
+    parser.add_argument("--scheduling-only", action="store_true",
+                        help="only the scheduling comparison; merged into the recorded JSON")
     parser.add_argument("--out", help="write the summary here instead of results/ (experiments)")
     parser.add_argument("--smoke", action="store_true",
                         help="the smallest run of every code path (CI), nothing written")
