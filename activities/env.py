@@ -18,6 +18,7 @@ from temporalio import activity
 from temporalio.exceptions import ApplicationError
 
 from rollart.activities.heartbeat import heartbeating_thread
+from rollart.config import InjectedFaults
 from rollart.contracts import (
     Activity,
     EnvResetRequest,
@@ -176,7 +177,7 @@ class EnvActivities:
 
     def _inject(self, request: EnvStepRequest) -> None:
         """Synthetic latency, transient failures and hangs, all before the env is touched."""
-        faults = request.faults
+        faults = request.faults or InjectedFaults()
         if faults.step_median_s > 0:
             time.sleep(random.lognormvariate(math.log(faults.step_median_s), faults.step_sigma))
         if faults.step_mean_s > 0:

@@ -118,7 +118,8 @@ class EnvRestoreRequest(EnvResetRequest):
 class EnvStepRequest(BaseModel):
     trajectory_id: str
     action: str
-    faults: InjectedFaults = Field(default_factory=InjectedFaults)
+    faults: InjectedFaults | None = Field(None, description="None: no injected trouble (it "
+                                          "would cost ~200 bytes of history every turn).")
     max_observation_chars: int = 65536
 
 

@@ -24,6 +24,7 @@ from temporalio.exceptions import (
 )
 
 with workflow.unsafe.imports_passed_through():
+    from rollart.config import InjectedFaults
     from rollart.contracts import (
         CONTEXT_FULL,
         Activity,
@@ -199,7 +200,8 @@ async def _release(spec: TrajectorySpec, request_id: str, outcome: str) -> None:
 async def step_env(spec: TrajectorySpec, worker_queue: str, action: str) -> EnvStepResult:
     return await workflow.execute_activity(
         Activity.ENV_STEP,
-        EnvStepRequest(trajectory_id=spec.trajectory_id, action=action, faults=spec.faults,
+        EnvStepRequest(trajectory_id=spec.trajectory_id, action=action,
+                       faults=None if spec.faults == InjectedFaults() else spec.faults,
                        max_observation_chars=spec.max_observation_chars),
         result_type=EnvStepResult, task_queue=worker_queue,
         schedule_to_start_timeout=timedelta(seconds=spec.env_timeouts.pickup_s),
