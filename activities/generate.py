@@ -182,8 +182,8 @@ class GenerateActivities:
             new_tokens=len(sample.token_ids), cached_tokens=sample.cached_tokens,
             finish_reason=sample.finish_reason, version=sample.version,
             mixed_versions=len(set(sample.versions)) > 1, replica=self.replica,
-            request_id=request_id, first_token_s=round(sample.first_token_s, 6),
-            engine_s=round(sample.engine_s, 6),
+            request_id=request_id, prefill_s=round(sample.prefill_s, 6),
+            decode_s=round(sample.decode_s, 6),
         )
 
     @activity.defn(name=Activity.GEN_PING)

@@ -162,9 +162,9 @@ class GenerateResult(BaseModel):
     mixed_versions: bool = False
     replica: str = Field("", description="The replica queue that served the turn.")
     request_id: str = ""
-    first_token_s: float = Field(0.0, description="Engine time from the request's arrival to "
-                                 "its first token: queueing and prefill.")
-    engine_s: float = Field(0.0, description="Engine time from arrival to the last token.")
+    prefill_s: float = Field(0.0, description="Engine seconds the turn's prefill used (its "
+                             "share of a busy engine; rollart.policy.engine.Sample).")
+    decode_s: float = Field(0.0, description="Engine seconds its decoding used.")
 
 
 class RouteRequest(BaseModel):
@@ -232,15 +232,15 @@ class PoolUsage(BaseModel):
     turns: int = 0
     prefill_tokens: int = Field(0, description="Prompt tokens not served from a prefix cache.")
     decode_tokens: int = 0
-    prefill_s: float = Field(0.0, description="Arrival to first token, summed over turns.")
-    decode_s: float = Field(0.0, description="First token to last, summed over turns.")
+    prefill_s: float = Field(0.0, description="Engine seconds of prefill, summed over turns.")
+    decode_s: float = Field(0.0, description="Engine seconds of decoding, summed over turns.")
 
     def add(self, result: GenerateResult) -> None:
         self.turns += 1
         self.prefill_tokens += max(result.prompt_tokens - result.cached_tokens, 0)
         self.decode_tokens += result.new_tokens
-        self.prefill_s += result.first_token_s
-        self.decode_s += max(result.engine_s - result.first_token_s, 0.0)
+        self.prefill_s += result.prefill_s
+        self.decode_s += result.decode_s
 
 
 class TrajectoryResult(BaseModel):

@@ -123,6 +123,28 @@ async def test_a_request_in_flight_continues_under_the_new_version(engine, model
 
 
 @pytest.mark.asyncio(loop_scope="session")
+async def test_requests_sharing_the_engine_are_charged_their_share_of_it(engine):
+    """What the online profiler learns a pool's rates from: a request alone is charged its whole
+    time, two together about half each, and the charges add up to the time the engine was busy."""
+    loop = asyncio.get_running_loop()
+
+    async def timed(*request_ids: str) -> tuple[list, float]:
+        started = loop.time()
+        samples = await asyncio.gather(*(engine.generate(
+            engine.encode(PROMPT), max_tokens=64, temperature=1.0, ignore_eos=True,
+            request_id=request_id) for request_id in request_ids))
+        return samples, loop.time() - started
+
+    (alone,), alone_s = await timed("share-alone")
+    pair, pair_s = await timed("share-a", "share-b")
+    assert alone.prefill_s > 0 and alone.decode_s > 0
+    assert alone.prefill_s + alone.decode_s == pytest.approx(alone_s, rel=0.1)
+    charged = [s.prefill_s + s.decode_s for s in pair]
+    assert sum(charged) == pytest.approx(pair_s, rel=0.1)
+    assert max(charged) < 0.7 * pair_s
+
+
+@pytest.mark.asyncio(loop_scope="session")
 async def test_an_engine_serving_now_and_then_does_not_hold_a_core(engine):
     """vLLM's separate worker process busy-loops for a second after each message on its
     shared-memory queue, so an engine that serves a request every 20 ms held a core (measured:

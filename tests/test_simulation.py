@@ -57,7 +57,8 @@ async def simulated_engine(model_path, **sim) -> SimulatedEngine:
 
 
 async def test_concurrent_decodes_share_steps(model_path):
-    """Memory-bound decode: 32 requests together take about as long as one alone."""
+    """Memory-bound decode: 32 requests together take about as long as one alone, and each is
+    charged its share of the steps (what the online profiler learns rates from)."""
     engine = await simulated_engine(model_path)
     try:
         allowed = engine.single_token_ids(["Left", "Right"])
@@ -69,9 +70,14 @@ async def test_concurrent_decodes_share_steps(model_path):
         started = time.perf_counter()
         alone = await one([3, 4, 5])
         single_s = time.perf_counter() - started
+        alone_busy_s = engine.busy_s
         started = time.perf_counter()
         together = await asyncio.gather(*(one([3, 4, 5, k]) for k in range(32)))
         batch_s = time.perf_counter() - started
+        charged = [s.prefill_s + s.decode_s for s in together]
+        assert alone.prefill_s + alone.decode_s == pytest.approx(alone_busy_s)
+        assert sum(charged) == pytest.approx(engine.busy_s - alone_busy_s)
+        assert max(s.decode_s for s in together) < alone.decode_s / 8
         # 4 tokens x 32 (token_scale) decode steps of ~6.8 ms, x 0.05
         assert 0.03 < single_s < 0.2
         assert batch_s < 2.5 * single_s

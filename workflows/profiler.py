@@ -2,15 +2,17 @@
 
 A static domain -> pool mapping (a domain's `gen_pool`) is right for the workload it was chosen
 for; when response lengths drift during training it goes stale (RollArt leaves this open). Each
-iteration the profiler folds in what the trained trajectories measured: per pool, the seconds
-per prefill token (arrival to first token) and per decode token (first token to last); per
-domain, its turns and its prefill and decode tokens per turn. A pool that has served nothing
-yet borrows a measured pool's rates, scaled by the two accelerators' compute (prefill) and
-memory bandwidth (decode) from their data sheets. From these it predicts each mapping's
-generation time per iteration, the busiest pool's turn-seconds per replica, and recommends the
-fastest mapping among the pools each domain may use. The run switches to it (`routing.remap`)
-only once it has beaten the current mapping by `remap_margin` for `remap_patience` iterations in
-a row, so noise does not make a domain flap between pools.
+iteration the profiler folds in what the trained trajectories measured: per pool, the engine
+seconds per prefill token and per decode token (each request charged its share of the engine's
+time, so the charges add up to its busy time: latency, which grows with the queue, would make a
+loaded pool look slow and a domain flap between pools); per domain, its turns and its prefill
+and decode tokens per turn. A pool that has served nothing yet borrows a measured pool's rates,
+scaled by the two accelerators' compute (prefill) and memory bandwidth (decode) from their data
+sheets. From these it predicts each mapping's generation time per iteration, the busiest pool's
+turn-seconds per replica, and recommends the fastest mapping among the pools each domain may
+use. The run switches to it (`routing.remap`) only once it has beaten the current mapping by
+`remap_margin` for `remap_patience` iterations in a row, so noise does not make a domain flap
+between pools.
 
 Pure and deterministic: the training workflow keeps one in its state.
 """

@@ -29,10 +29,12 @@ class Sample:
     versions: list[int]
     """The policy version that sampled each token: a request in flight across a weight update
     keeps its earlier tokens and continues under the new version."""
-    first_token_s: float = 0.0
-    """Seconds from the request's arrival to its first token (queueing and prefill)."""
-    engine_s: float = 0.0
-    """Seconds from its arrival to its last token."""
+    prefill_s: float = 0.0
+    """Engine seconds this request's prefill used: its share of the time it shared the engine
+    with others (a request waiting or decoding beside nine others is charged a tenth), so the
+    shares of all requests add up to the engine's busy time, whatever the load."""
+    decode_s: float = 0.0
+    """Engine seconds its decoding used, shared the same way."""
 
     @property
     def version(self) -> int:
@@ -178,15 +180,15 @@ class PolicyEngine:
         start_version, progress = self.version, _InFlight()
         self._in_flight[request_id] = progress
         self._adapt_speculation()
-        final, arrived, first_token_s = None, time.monotonic(), 0.0
+        final, since, shares = None, time.monotonic(), [0.0, 0.0]  # prefill, decode
         try:
             async for output in self.llm.generate(
                 TokensPrompt(prompt_token_ids=prompt_ids), params, request_id
             ):
-                final = output
+                final, now = output, time.monotonic()
+                shares[progress.produced > 0] += (now - since) / len(self._in_flight)
+                since = now
                 progress.produced = len(output.outputs[0].token_ids)
-                if not first_token_s and progress.produced:
-                    first_token_s = time.monotonic() - arrived
         finally:
             del self._in_flight[request_id]
             self._adapt_speculation()
@@ -203,8 +205,8 @@ class PolicyEngine:
             finish_reason=completion.finish_reason or "unknown",
             cached_tokens=final.num_cached_tokens or 0,
             versions=versions,
-            first_token_s=first_token_s,
-            engine_s=time.monotonic() - arrived,
+            prefill_s=shares[0],
+            decode_s=shares[1],
         )
 
     async def next_token_distribution(self, prompt_ids: list[int],

@@ -36,8 +36,8 @@ class _Request:
     done: asyncio.Future
     context: float = 0.0  # simulated tokens held in KV cache
     switches: list[tuple[int, int]] = field(default_factory=list)
-    arrived: float = 0.0  # loop time
-    prefilled: float = 0.0  # loop time its prefill ended: its first token
+    prefill_s: float = 0.0  # engine seconds charged to its prefill ...
+    decode_s: float = 0.0  # ... and to its decoding: its tokens' share of each step
 
     def produced(self) -> int:
         """Real output tokens sampled so far."""
@@ -125,9 +125,8 @@ class SimulatedEngine(PolicyEngine):
                            decode=len(token_ids) * output_scale, output_tokens=len(token_ids),
                            output_scale=output_scale,
                            done=asyncio.get_running_loop().create_future(),
-                           context=cached * scale, arrived=asyncio.get_running_loop().time())
+                           context=cached * scale)
         await self._serve(request)
-        finished = asyncio.get_running_loop().time()
         self._remember(prompt_ids + token_ids)
         versions = [start_version] * len(token_ids)
         for index, version in request.switches:
@@ -136,8 +135,7 @@ class SimulatedEngine(PolicyEngine):
         return Sample(token_ids=token_ids, logprobs=[-math.log(choices)] * len(token_ids),
                       finish_reason="stop" if token_ids and token_ids[-1] == eos else "length",
                       cached_tokens=cached, versions=versions,
-                      first_token_s=(request.prefilled or finished) - request.arrived,
-                      engine_s=finished - request.arrived)
+                      prefill_s=request.prefill_s, decode_s=request.decode_s)
 
     async def next_token_distribution(self, prompt_ids: list[int],
                                       token_ids: list[int]) -> list[float]:
@@ -249,11 +247,11 @@ class SimulatedEngine(PolicyEngine):
             done = min(steps, elapsed / step) if step > 0 else steps
             for request in list(self._running):
                 if request.prefill > EPS:
+                    request.prefill_s += elapsed * min(request.prefill, chunk) / tokens
                     took = min(request.prefill, chunk * done)
                     request.prefill -= took
-                    if request.prefill <= EPS:
-                        request.prefilled = loop.time()
                 else:
+                    request.decode_s += elapsed / tokens
                     took = min(request.decode, done)
                     request.decode -= took
                 request.context += took
