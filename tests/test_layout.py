@@ -173,3 +173,16 @@ def test_wheel_installs_and_runs_outside_the_repository(wheel, tmp_path):
     assert Path(location).is_relative_to(site)
     assert registered == "True"
     assert top_level == "[]"
+
+
+def test_processes_that_do_not_train_or_generate_do_not_import_torch():
+    """torch costs ~1.4 s of CPU to import: paid by the launcher before it starts the fleet (on
+    every resume), and by each env, reward and control worker as the fleet starts."""
+    modules = ["rollart.workers.cli", "rollart.workers.stack", "rollart.workers.progress",
+               "rollart.workers.report", "rollart.workers.fleet", "rollart.activities.env",
+               "rollart.activities.reward", "rollart.activities.route",
+               "rollart.workflows.training", "rollart.workflows.trajectory", "rollart.weights"]
+    probe = f"import sys, {', '.join(modules)}; print('torch' in sys.modules)"
+    imported = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                              check=True, cwd=ROOT).stdout.strip()
+    assert imported == "False"

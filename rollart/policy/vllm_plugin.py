@@ -4,7 +4,7 @@ A worker killed outright (the OOM killer, a launcher whose process group died) l
 engine core running under init, holding the model and its KV cache (~0.9 GB each for the tiny
 model) while the restarted worker starts another. The kernel's parent-death signal cannot be
 used: it fires when the *thread* that spawned the child ends, not the process. So the engine
-core checks once a second whether it still has the parent rollart.policy.engine named. A
+core checks four times a second whether it still has the parent rollart.policy.engine named. A
 spawned engine core learns it from its environment when vLLM loads this module's
 `exit_with_parent` (the `vllm.general_plugins` entry point); a forked one inherits vLLM's
 "plugins loaded" flag instead, so the worker arms a fork hook while it starts the engine.
@@ -20,7 +20,7 @@ import time
 from collections.abc import Iterator
 
 PARENT_ENV = "ROLLART_ENGINE_PARENT_PID"
-POLL_S = 1.0
+POLL_S = 0.25
 _armed: list[int] = []  # the pid forked children watch, while an engine starts
 _hooked: set[int] = set()
 

@@ -10,15 +10,20 @@ from rollart.weights.backends import (
     mooncake_installed,
     open_backends,
 )
-from rollart.weights.transfer import (
-    CorruptWeightsError,
-    Manifest,
-    Publisher,
-    Puller,
-    PullStats,
-    PushStats,
-    unpack,
-)
+
+_TRANSFER = ("CorruptWeightsError", "Manifest", "Publisher", "Puller", "PullStats", "PushStats",
+             "unpack")
+
+
+def __getattr__(name: str):
+    """The publish/pull side imports torch (~1.4 s): loaded on first use, so processes that
+    only start or reach a backend (the launcher, env and reward workers) do not pay for it."""
+    if name in _TRANSFER:
+        from rollart.weights import transfer
+
+        return getattr(transfer, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "BackendError",
