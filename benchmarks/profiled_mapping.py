@@ -8,7 +8,8 @@ other; that is the right call at first, while answers are short (a prompt prefil
 on an H800 than on an H20), and goes stale as answers lengthen with every policy version
 (`simulation.answer_growth`, as reasoning grows during RL). Static keeps the configured mapping;
 profiled runs with `routing.remap` and lets the online profiler move a domain. Sync training, so
-each iteration's rollout time is the generation work of its batch. Compared: the mean rollout
+each iteration's rollout time is mostly the generation work of its batch (env steps and
+orchestration add the rest, which the profiler's prediction leaves out). Compared: the mean rollout
 seconds of the last half of the iterations, and what the profiler predicted for them.
 
 Run: .venv/bin/python benchmarks/profiled_mapping.py [--iterations 12] [--seeds 3] [--smoke]

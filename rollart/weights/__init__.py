@@ -1,6 +1,8 @@
 """Moving policy weights from the trainer to the inference fleet: backends (Mooncake, local files)
 and the bucketed, checksummed publish/pull built on them."""
 
+from typing import TYPE_CHECKING
+
 from rollart.weights.backends import (
     BackendError,
     MooncakeBackend,
@@ -10,6 +12,17 @@ from rollart.weights.backends import (
     mooncake_installed,
     open_backends,
 )
+
+if TYPE_CHECKING:  # the names below, for readers and type checkers; at run time: __getattr__
+    from rollart.weights.transfer import (
+        CorruptWeightsError,
+        Manifest,
+        Publisher,
+        Puller,
+        PullStats,
+        PushStats,
+        unpack,
+    )
 
 _TRANSFER = ("CorruptWeightsError", "Manifest", "Publisher", "Puller", "PullStats", "PushStats",
              "unpack")
