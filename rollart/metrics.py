@@ -98,9 +98,41 @@ def timed(histogram, labels: dict[str, str] | None = None) -> Iterator[None]:
         histogram.record(time.perf_counter() - started, labels)
 
 
-def record_iteration(run: str, metrics: IterationMetrics) -> None:
-    """What the TrainingWorkflow knows at the end of an iteration."""
+class CountedTotals:
+    """The highest total this process has counted of each counter, per run.
+
+    The TrainingWorkflow exports from workflow code, outside replay. A workflow task that runs
+    again because its first try did not complete (a task timeout on a busy machine) is not a
+    replay, so it exports the same iteration again; counting totals against the highest total
+    already counted makes that second export add nothing. A run is a workflow id; `chain` (the
+    first run id of a continue-as-new chain) tells a new run under an old id from the same one.
+    """
+
+    def __init__(self) -> None:
+        self._runs: dict[str, tuple[str, dict[str, int]]] = {}
+
+    def gain(self, run: str, chain: str, key: str, total: int, baseline: int = 0) -> int:
+        """What `total` adds over `baseline` (counted by an earlier process, as the workflow's
+        state says) and over what this process counted; it is counted from here on."""
+        kept_chain, counted = self._runs.get(run, ("", {}))
+        if kept_chain != chain:
+            counted = {}
+            self._runs[run] = (chain, counted)
+        gained = total - max(baseline, counted.get(key, 0))
+        if gained > 0:
+            counted[key] = total
+        return max(gained, 0)
+
+
+_counted = CountedTotals()
+
+
+def record_iteration(run: str, chain: str, metrics: IterationMetrics) -> None:
+    """What the TrainingWorkflow knows at the end of an iteration; nothing if this process
+    recorded the iteration already."""
     labels = {"run": run}
+    if not _counted.gain(run, chain, "iterations", metrics.iteration + 1, metrics.iteration):
+        return
     ITERATIONS.add(1, labels)
     for phase, seconds in (("step", metrics.step_s), ("batch_wait", metrics.trainer_idle_s),
                            ("train", metrics.train_s),
@@ -119,14 +151,18 @@ def record_iteration(run: str, metrics: IterationMetrics) -> None:
     STALE_TOKEN_SHARE.set(metrics.stale_token_share, labels)
 
 
-def record_ledger(run: str, ledger: Ledger, exported: Ledger,
-                  failures: dict[str, int]) -> None:
-    """Count what the ledger gained since `exported` (what was counted before), and the
-    failures by reason since then."""
+def record_ledger(run: str, chain: str, ledger: Ledger, failures: dict[str, int],
+                  exported: Ledger, exported_failures: dict[str, int]) -> None:
+    """Count what the ledger and the failures by reason (both the run's totals) gained over
+    what was counted before: `exported` and `exported_failures`, or more by this process."""
     for outcome in ("started", "trained", "evicted"):
-        gained = getattr(ledger, outcome) - getattr(exported, outcome)
-        if gained > 0:
+        gained = _counted.gain(run, chain, outcome, getattr(ledger, outcome),
+                               getattr(exported, outcome))
+        if gained:
             TRAJECTORIES.add(gained, {"run": run, "outcome": outcome})
-    for reason, count in failures.items():
-        FAILURES.add(count, {"run": run, "reason": reason})
+    for reason, total in failures.items():
+        gained = _counted.gain(run, chain, f"failed: {reason}", total,
+                               exported_failures.get(reason, 0))
+        if gained:
+            FAILURES.add(gained, {"run": run, "reason": reason})
     IN_FLIGHT.set(ledger.in_flight, {"run": run})

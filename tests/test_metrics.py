@@ -18,6 +18,7 @@ from conftest import make_config
 from prometheus_client.parser import text_string_to_metric_families
 
 from rollart.contracts import TrainingStatus
+from rollart.metrics import CountedTotals
 from rollart.servers import free_port
 from rollart.workers.fleet import in_process_fleet
 from rollart.workers.telemetry import SCRAPE_CONFIG
@@ -98,6 +99,19 @@ def scrape(run_dir: Path, worker: str) -> dict[tuple[str, frozenset], float]:
     return {(sample.name, frozenset((k, v) for k, v in sample.labels.items()
                                     if not k.startswith("otel_scope"))): sample.value
             for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+def test_an_export_that_runs_again_counts_nothing_twice():
+    counted = CountedTotals()
+    assert counted.gain("run", "chain-1", "trained", 8) == 8
+    assert counted.gain("run", "chain-1", "trained", 8) == 0  # the same workflow task again
+    assert counted.gain("run", "chain-1", "trained", 11, baseline=8) == 3
+    assert counted.gain("run", "chain-1", "started", 4) == 4  # each key on its own
+    assert counted.gain("other", "chain-2", "trained", 2) == 2  # each run on its own
+    # A new process starts from what the workflow's state says was counted before it:
+    assert CountedTotals().gain("run", "chain-1", "trained", 11, baseline=8) == 3
+    # A new run under the same id counts from its own start:
+    assert counted.gain("run", "chain-3", "trained", 5) == 5
 
 
 async def test_the_metrics_count_what_the_ledger_counts(temporal_server, tmp_path):

@@ -91,6 +91,10 @@ class TrainingState(BaseModel):
                                         "that may still run (mode lockstep).")
     exported: Ledger = Field(default_factory=Ledger, description="The ledger as the metrics "
                              "counted it last.")
+    failure_totals: dict[str, int] = Field(default_factory=dict, description="The run's "
+                                           "failures by reason.")
+    exported_failures: dict[str, int] = Field(default_factory=dict, description="failure_totals "
+                                              "as the metrics counted them last.")
     profiler: Profiler = Field(default_factory=Profiler)
     mapping: dict[str, str] = Field(default_factory=dict, description="Domain -> the pool the "
                                     "profiler moved it to (routing.remap); others as configured.")
@@ -152,6 +156,7 @@ class TrainingWorkflow:
             state.failures = (state.failures + [error])[-KEPT_FAILURES:]
             reason = result.failure or "cancelled outside the training run"
             state.failures_by_reason[reason] = state.failures_by_reason.get(reason, 0) + 1
+            state.failure_totals[reason] = state.failure_totals.get(reason, 0) + 1
             result = result.model_copy(update={"status": "failed", "error": error})
         decision = state.buffer.record(result)
         state.redundant_ids = (state.redundant_ids + decision.cancel)[-KEPT_REDUNDANT_IDS:]
@@ -189,17 +194,19 @@ class TrainingWorkflow:
         return self.status()
 
     def _export(self, cfg: RunConfig, metrics: IterationMetrics | None = None) -> None:
-        """Metrics of the iteration and the ledger (at the end: the failures since the last
-        iteration too), once: not again when the workflow replays (on another worker, or after
-        continue-as-new its state says what was counted)."""
+        """Metrics of the iteration and the ledger's totals, once: not again when the workflow
+        replays (on another worker, or after continue-as-new, its state says what was counted)
+        nor when a workflow task runs again (rollart.metrics counts totals, not increments)."""
         state = self.state
-        failures = metrics.failures if metrics is not None else self._take_failures()
         if cfg.telemetry.metrics != "off" and not workflow.unsafe.is_replaying():
-            run = workflow.info().workflow_id
+            info = workflow.info()
+            run, chain = info.workflow_id, info.first_execution_run_id
             if metrics is not None:
-                record_iteration(run, metrics)
-            record_ledger(run, state.buffer.ledger, state.exported, failures)
+                record_iteration(run, chain, metrics)
+            record_ledger(run, chain, state.buffer.ledger, state.failure_totals, state.exported,
+                          state.exported_failures)
         state.exported = state.buffer.ledger.model_copy()
+        state.exported_failures = dict(state.failure_totals)
 
     async def _begin(self, cfg: RunConfig) -> None:
         """Refuse an unknown environment or reward before anything starts; have the trainer
