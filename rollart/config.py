@@ -10,7 +10,7 @@ import hashlib
 import json
 import tomllib
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import AliasChoices, BaseModel, ConfigDict, Field, SecretStr, model_validator
 
@@ -450,9 +450,10 @@ class SpeculationConfig(StrictModel):
                                    "matched token.")
     min_token_prob: float = Field(0.1, ge=0, le=1, description="Stop a draft at a token rarer "
                                   "than this in the tree.")
-    max_running_requests: int | None = Field(
-        4, ge=0, description="Speculate while the replica runs at most this many requests, "
-        "plain decoding above; None: always.")
+    max_running_requests: Annotated[int, Field(ge=0)] | Literal["learned"] | None = Field(
+        4, description="Speculate while the replica runs at most this many requests, plain "
+        "decoding above; None: always; 'learned': at each load, on the side that measured more "
+        "tokens per second (rollart.policy.speculation_gate).")
 
     def vllm_config(self) -> dict[str, object]:
         return {"method": self.method, "num_speculative_tokens": self.num_speculative_tokens,

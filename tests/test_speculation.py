@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from rollart.config import EngineConfig, SpeculationConfig
 from rollart.envs.frozenlake import ACTIONS
+from rollart.policy.speculation_gate import LEARNED, SpeculationGate
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 PROMPT = "P F F F | F H F H | F F F H | H F F G"
@@ -92,7 +93,7 @@ async def test_speculation_samples_the_models_distribution(speculating, engine):
 async def test_speculation_turns_off_above_its_load_threshold_and_back_on(speculating):
     ids = speculating.encode(PROMPT)
     switches = (await speculating.speculation_counters())["switches"]
-    speculating.speculation = SpeculationConfig(max_running_requests=2)
+    speculating.gate = SpeculationGate(2)
     try:
         states = []
 
@@ -115,10 +116,26 @@ async def test_speculation_turns_off_above_its_load_threshold_and_back_on(specul
         # off, a step drafts nothing
         await speculating.llm.collective_rpc("set_speculation", args=(False,))
         drafted = (await speculating.speculation_counters())["draft_tokens"]
-        speculating.speculation = SpeculationConfig(max_running_requests=None)
+        speculating.gate = SpeculationGate(None)
         await speculating.generate(ids, max_tokens=32, temperature=1.0, ignore_eos=True)
         assert (await speculating.speculation_counters())["draft_tokens"] == drafted
     finally:
-        speculating.speculation = SpeculationConfig(max_running_requests=None)
+        speculating.gate = SpeculationGate(None)
+        await speculating.llm.collective_rpc("set_speculation", args=(True,))
+        speculating.speculating = True
+
+
+async def test_the_learned_gate_measures_both_sides_at_the_engines_load(speculating):
+    """The engine feeds the gate what it emits and follows it: under a steady load of 250
+    requests both sides get measured, so the gate's choice rests on tokens/s it saw."""
+    ids = speculating.encode(PROMPT)
+    speculating.gate = SpeculationGate(LEARNED, window_s=0.05, windows_to_decide=2)
+    try:
+        await sample_many(speculating, ids, 500, 48)
+        rates = speculating.gate.rates()
+        busy = SpeculationGate.bucket(250)
+        assert rates.get(f"{busy}:on", 0) > 0 and rates.get(f"{busy}:off", 0) > 0, rates
+    finally:
+        speculating.gate = SpeculationGate(None)
         await speculating.llm.collective_rpc("set_speculation", args=(True,))
         speculating.speculating = True

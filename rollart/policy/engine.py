@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from rollart.config import EngineConfig, SpeculationConfig
+from rollart.policy.speculation_gate import SpeculationGate
 from rollart.policy.vllm_plugin import PARENT_ENV, forked_children_exit_with_this_process
 
 
@@ -87,6 +88,7 @@ class PolicyEngine:
         self.seed = seed
         self.speculation = speculation
         self.speculating = speculation is not None
+        self.gate = SpeculationGate(speculation.max_running_requests if speculation else None)
         self._switching: asyncio.Task | None = None
         self.version = 0
         self.llm = None
@@ -187,8 +189,11 @@ class PolicyEngine:
             ):
                 final, now = output, time.monotonic()
                 shares[progress.produced > 0] += (now - since) / len(self._in_flight)
-                since = now
-                progress.produced = len(output.outputs[0].token_ids)
+                since, produced = now, len(output.outputs[0].token_ids)
+                self.gate.emitted(produced - progress.produced, len(self._in_flight),
+                                  self.speculating, now)
+                progress.produced = produced
+                self._adapt_speculation()
         finally:
             del self._in_flight[request_id]
             self._adapt_speculation()
@@ -234,17 +239,17 @@ class PolicyEngine:
         return len(self._in_flight)
 
     def _adapt_speculation(self) -> None:
-        """Speculate while at most `max_running_requests` requests are in this engine. The
-        switch is one call into the engine core (taken between two steps), made in the
-        background and only when the side changes."""
-        limit = self.speculation.max_running_requests if self.speculation else None
-        if limit is None or (self._switching is not None and not self._switching.done()):
+        """Speculate while the gate wants it at this engine's load. The switch is one call into
+        the engine core (taken between two steps), made in the background and only when the
+        side changes."""
+        if self.speculation is None or (self._switching is not None
+                                        and not self._switching.done()):
             return
-        if (len(self._in_flight) <= limit) != self.speculating:
-            self._switching = asyncio.ensure_future(self._switch_speculation(limit))
+        if self.gate.wanted(len(self._in_flight)) != self.speculating:
+            self._switching = asyncio.ensure_future(self._switch_speculation())
 
-    async def _switch_speculation(self, limit: int) -> None:
-        while (wanted := len(self._in_flight) <= limit) != self.speculating:
+    async def _switch_speculation(self) -> None:
+        while (wanted := self.gate.wanted(len(self._in_flight))) != self.speculating:
             await self.llm.collective_rpc("set_speculation", args=(wanted,))
             self.speculating = wanted
 
