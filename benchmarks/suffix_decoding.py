@@ -96,11 +96,11 @@ async def measure(model: Path, prompts: list[list[int]], mode: str, low: int, hi
     engine = await PolicyEngine(str(model), EngineConfig(), speculation=MODES[mode]).start()
     try:
         await serve(engine, prompts, high, high * 4)  # warm-up: earlier iterations' outputs
-        before = await engine.speculation_counters()
+        before, switch_s = await engine.speculation_counters(), engine.switch_s
         low_tokens, low_s = await serve(engine, prompts, low, low * rounds)
         high_tokens, high_s = await serve(engine, prompts, high, high * high_rounds)
         after = await engine.speculation_counters()
-        gate_rates = engine.gate.rates()
+        gate_rates, switch_s = engine.gate.rates(), engine.switch_s - switch_s
     finally:
         engine.shutdown()
     result = {"low_load_tokens_per_s": low_tokens / low_s,
@@ -112,6 +112,8 @@ async def measure(model: Path, prompts: list[list[int]], mode: str, low: int, hi
         result.update(acceptance_rate=accepted / drafted if drafted else 0.0,
                       mean_accepted_length=1 + accepted / steps if steps else 0.0,
                       switches=after["switches"] - before["switches"])
+        if result["switches"]:
+            result["switch_ms"] = 1000 * switch_s / result["switches"]
     if gate_rates:
         result["gate_tokens_per_s"] = gate_rates  # '<load bucket>:<side>', as it learned them
     return result
@@ -199,11 +201,18 @@ def main() -> None:
           "|---|---:|---:|---:|---:|", *("| " + " | ".join(row) + " |" for row in rows), "",
           off_line, f"Switches per repeat: threshold_4 (speculates while at most 4 requests "
           f"run) {results['threshold_4_switches']}; adaptive (the learned gate, "
-          f"rollart/policy/speculation_gate.py) {results['adaptive_switches']}.", "",
+          f"rollart/policy/speculation_gate.py) {results['adaptive_switches']}. A switch "
+          f"(one call into the engine core, answered between two steps), mean ms per repeat: "
+          f"{_switch_ms(results['repeats'])}.", "",
           "What the adaptive gate measured, tokens/s by load bucket (requests running: 0 is 1, "
           "1 is 2, 2 is 3-4, 3 is 5-8, 6 is 33-64) and side, each repeat:", "",
           *(f"- { {k: round(v) for k, v in r['adaptive'].get('gate_tokens_per_s', {}).items()} }"
             for r in results["repeats"])])
+
+
+def _switch_ms(repeats: list[dict]) -> str:
+    return "; ".join(f"{mode} " + ", ".join(f"{r[mode].get('switch_ms', 0):.1f}" for r in repeats)
+                     for mode in ("threshold_4", "adaptive"))
 
 
 def _ratio(results: dict, key: str) -> str:

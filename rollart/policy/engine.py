@@ -90,6 +90,7 @@ class PolicyEngine:
         self.speculating = speculation is not None
         self.gate = SpeculationGate(speculation.max_running_requests if speculation else None)
         self._switching: asyncio.Task | None = None
+        self.switch_s = 0.0  # seconds spent in speculation switches, all of them
         self.version = 0
         self.llm = None
         self.tokenizer = None
@@ -250,7 +251,9 @@ class PolicyEngine:
 
     async def _switch_speculation(self) -> None:
         while (wanted := self.gate.wanted(len(self._in_flight))) != self.speculating:
+            started = time.perf_counter()
             await self.llm.collective_rpc("set_speculation", args=(wanted,))
+            self.switch_s += time.perf_counter() - started
             self.speculating = wanted
 
     async def speculation_counters(self) -> dict[str, int] | None:
