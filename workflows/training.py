@@ -81,8 +81,6 @@ class TrainingState(BaseModel):
     buffer: SampleBuffer
     history: list[IterationMetrics] = Field(default_factory=list)
     failures: list[str] = Field(default_factory=list)
-    failures_by_reason: dict[str, int] = Field(default_factory=dict, description="Since the "
-                                               "previous iteration's metrics.")
     stop_requested: bool = Field(False, description="`rollart stop`: end after this iteration.")
     redundant_ids: list[str] = Field(default_factory=list)
     redundant_kept: RolloutShape = Field(default_factory=RolloutShape)
@@ -94,7 +92,8 @@ class TrainingState(BaseModel):
     failure_totals: dict[str, int] = Field(default_factory=dict, description="The run's "
                                            "failures by reason.")
     exported_failures: dict[str, int] = Field(default_factory=dict, description="failure_totals "
-                                              "as the metrics counted them last.")
+                                              "as the metrics counted them last (at the end of "
+                                              "the previous iteration).")
     profiler: Profiler = Field(default_factory=Profiler)
     mapping: dict[str, str] = Field(default_factory=dict, description="Domain -> the pool the "
                                     "profiler moved it to (routing.remap); others as configured.")
@@ -155,7 +154,6 @@ class TrainingWorkflow:
             error = result.error or "cancelled outside the training run"
             state.failures = (state.failures + [error])[-KEPT_FAILURES:]
             reason = result.failure or "cancelled outside the training run"
-            state.failures_by_reason[reason] = state.failures_by_reason.get(reason, 0) + 1
             state.failure_totals[reason] = state.failure_totals.get(reason, 0) + 1
             result = result.model_copy(update={"status": "failed", "error": error})
         decision = state.buffer.record(result)
@@ -435,12 +433,13 @@ class TrainingWorkflow:
             ratio_mean=train.ratio_mean, ratio_max=train.ratio_max,
             kl_estimate=train.kl_estimate, learning=train.learning,
             domains=domain_metrics(kept), rewards=reward_metrics(kept, self.config, step_s),
-            failures=self._take_failures(),
+            failures=self._failures_since_export(),
         )
 
-    def _take_failures(self) -> dict[str, int]:
-        failures, self.state.failures_by_reason = self.state.failures_by_reason, {}
-        return dict(sorted(failures.items()))
+    def _failures_since_export(self) -> dict[str, int]:
+        totals, exported = self.state.failure_totals, self.state.exported_failures
+        return {reason: totals[reason] - exported.get(reason, 0) for reason in sorted(totals)
+                if totals[reason] > exported.get(reason, 0)}
 
     async def _cancel(self, trajectory_ids: list[str]) -> None:
         """All at once: one by one, each request waited for a workflow task (measured: 49
