@@ -4,6 +4,7 @@ was and completes."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import pytest
 from conftest import make_config
@@ -12,7 +13,13 @@ from rollart.contracts import TrainingStatus
 from rollart.servers import free_port
 from rollart.workers.devserver import DevServer
 from rollart.workers.fleet import in_process_fleet
-from rollart.workflows.training import TrainingInput, TrainingWorkflow
+from rollart.workflows.training import (
+    REPLICA_RETRY,
+    REPLICA_WAIT,
+    TrainingInput,
+    TrainingWorkflow,
+    replica_wait_rounds,
+)
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -43,3 +50,14 @@ async def test_run_survives_a_server_restart(engine, tmp_path):
         assert status.ledger.in_flight == 0
     finally:
         server.stop()
+
+
+async def test_the_wait_for_a_replica_counts_rounds_not_the_stacks_downtime():
+    """A weight update under way when the whole stack stopped ends, once it is resumed hours
+    later, with every replica "missed": that one round may not spend the whole wait."""
+    pickup = timedelta(seconds=10)
+    rounds = replica_wait_rounds(pickup)
+    assert rounds * (pickup + REPLICA_RETRY) >= REPLICA_WAIT
+    assert (rounds - 1) * (pickup + REPLICA_RETRY) < REPLICA_WAIT
+    assert replica_wait_rounds(timedelta(minutes=10)) == 2  # the first update, engines loading
+    assert replica_wait_rounds(timedelta(hours=1)) == 2

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import itertools
 import math
 from collections import Counter
 from datetime import timedelta
@@ -55,6 +56,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.workflows.batch_rollout import BatchRolloutWorkflow
     from rollart.workflows.buffer import Group, SampleBuffer, groups_to_start
     from rollart.workflows.profiler import Accelerator, Profiler
+    from rollart.workflows.scheduling import batch_rollout, remember_steps
     from rollart.workflows.trajectory import DONE_SIGNAL, TrajectoryWorkflow
 
 TRAIN_TIMEOUT = timedelta(minutes=30)
@@ -70,6 +72,7 @@ KEPT_HISTORY = 200
 KEPT_FAILURES = 20
 KEPT_REDUNDANT_IDS = 1000
 CANCEL_IN_PARALLEL = "cancel-in-parallel"
+REPLICA_WAIT_IN_ROUNDS = "replica-wait-in-rounds"
 CHECK_REWARDS = "check-rewards"
 STOP_SIGNAL = "stop"
 
@@ -86,7 +89,10 @@ class TrainingState(BaseModel):
     redundant_kept: RolloutShape = Field(default_factory=RolloutShape)
     redundant_cancelled: RolloutShape = Field(default_factory=RolloutShape)
     lockstep_batches: list[str] = Field(default_factory=list, description="Batch rollouts "
-                                        "that may still run (mode lockstep).")
+                                        "that may still run (mode lockstep, or batched waves).")
+    env_steps: dict[str, list[float]] = Field(default_factory=dict, description="Domain -> its "
+                                              "latest env step times (rollout_unit auto).")
+    batching: bool = Field(False, description="Whether the supply last started a batch.")
     exported: Ledger = Field(default_factory=Ledger, description="The ledger as the metrics "
                              "counted it last.")
     failure_totals: dict[str, int] = Field(default_factory=dict, description="The run's "
@@ -145,6 +151,7 @@ class TrainingWorkflow:
     @workflow.signal(name=DONE_SIGNAL)
     async def trajectory_done(self, result: TrajectoryResult) -> None:
         state = self.state
+        remember_steps(state.env_steps, result.domain, result.env_step_times)
         if result.trajectory_id in state.redundant_ids:
             state.redundant_ids.remove(result.trajectory_id)
             state.redundant_cancelled.add(result)
@@ -249,12 +256,23 @@ class TrainingWorkflow:
             count = self._groups_to_start(cfg)
             self.starting += count
             try:
-                if cfg.algorithm.mode == "lockstep":
+                if cfg.algorithm.mode == "lockstep" or self._batching(cfg, count):
                     await self._start_lockstep(cfg, count)
                 else:
                     await asyncio.gather(*(self._start_group(cfg) for _ in range(count)))
             finally:
                 self.starting -= count
+
+    def _batching(self, cfg: RunConfig, groups: int) -> bool:
+        algo, state = cfg.algorithm, self.state
+        batching = batch_rollout(algo.rollout_unit, state.env_steps, list(cfg.domains),
+                                 groups * (algo.group_size + algo.redundancy),
+                                 algo.batch_turn_overhead_s)
+        if batching != state.batching and algo.rollout_unit == "auto":
+            workflow.logger.warning("rollout: %s from now on (the env steps measured so far)",
+                                    "batches" if batching else "one workflow per trajectory")
+        state.batching = batching
+        return batching
 
     async def _start_group(self, cfg: RunConfig) -> None:
         specs, tags = self._new_group(cfg)
@@ -274,7 +292,8 @@ class TrainingWorkflow:
         the others. It reports each trajectory's end by signal, as a trajectory does."""
         specs = [spec for _ in range(count) for spec in self._new_group(cfg)[0]]
         batch_id = f"{specs[0].group_id}.lockstep"
-        self.state.lockstep_batches = (self.state.lockstep_batches + [batch_id])[-4:]
+        kept = (cfg.algorithm.alpha + 2) * cfg.algorithm.groups_per_batch
+        self.state.lockstep_batches = (self.state.lockstep_batches + [batch_id])[-kept:]
         handle = await workflow.start_child_workflow(
             BatchRolloutWorkflow.run, specs, id=batch_id, task_queue=cfg.temporal.control_queue,
             parent_close_policy=ParentClosePolicy.ABANDON)
@@ -463,17 +482,22 @@ class TrainingWorkflow:
         """Suspend -> update -> resume on every replica any domain may route to. A replica with
         no live worker misses the update (and is listed); it loads the newest published version
         when its worker starts again. With no live replica at all the run waits for one (up to
-        REPLICA_WAIT), since rollout cannot go on without."""
+        REPLICA_WAIT), since rollout cannot go on without. That wait is counted in rounds, not
+        by the clock: a round under way when the whole stack stopped ends, on `--resume`, as
+        long after it began as the stack was down, and must not fail the run unheard."""
         queues = [replica_queue("gen", pool.name, k) for pool in cfg.serving_gen_pools()
                   for k in range(pool.replicas)]
         deadline = workflow.now() + REPLICA_WAIT
-        while True:
+        rounds = replica_wait_rounds(pickup or timedelta(seconds=cfg.routing.schedule_to_start_s))
+        in_rounds = workflow.patched(REPLICA_WAIT_IN_ROUNDS)
+        for attempt in itertools.count(1):
             updated, missed = await self._update_round(cfg, request, queues, pickup)
             if updated:
                 return updated, missed
-            if workflow.now() > deadline:
+            if attempt >= rounds if in_rounds else workflow.now() > deadline:
                 raise ApplicationError(f"no generation replica took weights v{request.version} "
-                                       f"for {REPLICA_WAIT}: none of {queues} has a live worker",
+                                       f"in {attempt} rounds (about {REPLICA_WAIT}): none of "
+                                       f"{queues} has a live worker",
                                        type="NoReplicas")
             workflow.logger.warning("no live generation replica for v%d; waiting",
                                     request.version)
@@ -504,6 +528,13 @@ class TrainingWorkflow:
             else:
                 updated.append(outcome)
         return updated, missed
+
+
+def replica_wait_rounds(pickup: timedelta) -> int:
+    """Update rounds to try before no live replica fails the run: REPLICA_WAIT's worth of
+    rounds that each wait `pickup` for a worker, then REPLICA_RETRY; at least two, so that a
+    round cut short by a stopped stack is never the only one."""
+    return max(2, math.ceil(REPLICA_WAIT / (pickup + REPLICA_RETRY)))
 
 
 def domain_metrics(results: list[TrajectoryResult]) -> dict[str, DomainMetrics]:
