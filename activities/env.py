@@ -135,6 +135,7 @@ class EnvActivities:
                 return self._step(request)
 
     def _step(self, request: EnvStepRequest) -> EnvStepResult:
+        started = time.perf_counter()
         tid = request.trajectory_id
         step_id, attempt = None, ("direct", 0)
         if activity.in_activity():
@@ -169,7 +170,8 @@ class EnvActivities:
             _check_size(result.observation, request.max_observation_chars, "step")
             out = EnvStepResult(observation=result.observation, reward=result.reward,
                                 terminated=result.terminated, truncated=result.truncated,
-                                info=result.info)
+                                info=result.info,
+                                seconds=round(time.perf_counter() - started, 4))
             self.last_step[tid] = (step_id, out)
         if result.terminated or result.truncated:
             self.close(tid)

@@ -47,6 +47,7 @@ from rollart.servers import free_port
 from rollart.workers.devserver import DevServer
 from rollart.workers.fleet import in_process_fleet
 from rollart.workflows.batch_rollout import BatchRolloutWorkflow
+from rollart.workflows.scheduling import batch_rollout, lockstep_wait_s
 from rollart.workflows.training import TrainingInput, TrainingWorkflow
 from rollart.workflows.trajectory import TrajectoryWorkflow
 
@@ -118,31 +119,41 @@ async def scheduling(client, base: dict, trajectories: int, turns: int,
                   for k in range(repeats)]
         traj_s = statistics.fmean(r["trajectory_level_s"] for r in rounds)
         batch_s = statistics.fmean(r["batch_level_s"] for r in rounds)
+        auto_s = statistics.fmean(r["auto_s"] for r in rounds)
         results[label] = {"step_sigma": sigma, "trajectory_level_s": traj_s,
                           "batch_level_s": batch_s, "ratio": batch_s / traj_s,
-                          "rounds": rounds}
+                          "auto_s": auto_s, "auto_ratio": batch_s / auto_s,
+                          "auto_units": [r["auto_unit"] for r in rounds], "rounds": rounds}
     return results
 
 
 async def traj_vs_batch(client, config: RunConfig, label: str, trajectories: int) -> dict:
     """The same episodes of config's frozenlake domain, one workflow per trajectory, then all
-    in one BatchRolloutWorkflow; wall seconds of each."""
+    in one BatchRolloutWorkflow; wall seconds of each. rollout_unit auto's choice follows from
+    the env steps the trajectory-level run measured (the rule the TrainingWorkflow applies to
+    the steps of earlier iterations); its time is the chosen run's."""
     specs = [TrajectorySpec.for_domain(config, "frozenlake", f"{label}-{kind}-{i}", f"g{i}",
                                        seed=i)
              for kind in ("traj", "batch") for i in range(trajectories)]
     queue = config.temporal.control_queue
     started = time.perf_counter()
-    await asyncio.gather(*(
+    results = await asyncio.gather(*(
         client.execute_workflow(TrajectoryWorkflow.run, spec, id=spec.trajectory_id,
                                 task_queue=queue)
         for spec in specs[:trajectories]))
     trajectory_s = time.perf_counter() - started
+    steps = [s for r in results for s in r.env_step_times]
+    algo = config.algorithm
+    batched = batch_rollout("auto", {"frozenlake": steps}, ["frozenlake"], trajectories,
+                            algo.batch_turn_overhead_s)
     started = time.perf_counter()
     await client.execute_workflow(BatchRolloutWorkflow.run, specs[trajectories:],
                                   id=f"{label}-batch", task_queue=queue)
     batch_s = time.perf_counter() - started
     return {"trajectory_level_s": trajectory_s, "batch_level_s": batch_s,
-            "ratio": batch_s / trajectory_s}
+            "ratio": batch_s / trajectory_s, "auto_unit": "batch" if batched else "trajectory",
+            "auto_s": batch_s if batched else trajectory_s,
+            "lockstep_wait_s": lockstep_wait_s(steps, trajectories)}
 
 
 MULTITASK = Path(__file__).parent.parent / "examples" / "multitask.toml"
@@ -232,13 +243,17 @@ def scheduling_lines(sched: dict) -> list[str]:
     lines = [SCHEDULING_HEADING, "",
              f"{SCHEDULING_TRAJECTORIES} corridor episodes of {SCHEDULING_TURNS} turns, "
              "lognormal env steps (median 50 ms); batch-level = all trajectories take each turn "
-             "together.", "",
-             "| env step sigma | trajectory-level s | batch-level s | batch / trajectory |",
-             "|---|---|---|---|"]
+             "together; auto = `algorithm.rollout_unit = \"auto\"`, which batches when the "
+             "measured env steps make lockstep wait no longer a turn than the orchestration it "
+             "saves (`batch_turn_overhead_s`).", "",
+             "| env step sigma | trajectory-level s | batch-level s | batch / trajectory "
+             "| auto chose | batch / auto |",
+             "|---|---|---|---|---|---|"]
     rounds = len(next(iter(sched.values())).get("rounds", [None]))
     lines[2] += f" Seconds: mean of {rounds} rounds."
     lines += [f"| {r['step_sigma']} | {r['trajectory_level_s']:.1f} | {r['batch_level_s']:.1f} "
-              f"| {r['ratio']:.2f} |" for r in sched.values()]
+              f"| {r['ratio']:.2f} | {', '.join(r['auto_units'])} | {r['auto_ratio']:.2f} |"
+              for r in sched.values()]
     return lines
 
 
@@ -316,6 +331,8 @@ def summarize(results: dict, args: argparse.Namespace) -> dict:
         sched = results["scheduling"]
         summary["traj_vs_batch_ratio_high_variance"] = sched["high_variance"]["ratio"]
         summary["traj_vs_batch_ratio_low_variance"] = sched["low_variance"]["ratio"]
+        summary["auto_vs_batch_ratio_high_variance"] = sched["high_variance"]["auto_ratio"]
+        summary["auto_vs_batch_ratio_low_variance"] = sched["low_variance"]["auto_ratio"]
         summary["scheduling"] = sched
     return summary
 
@@ -373,7 +390,9 @@ def report_scheduling_only(results: dict) -> None:
     recorded = json.loads(out.read_text())
     recorded.update(scheduling=sched,
                     traj_vs_batch_ratio_high_variance=sched["high_variance"]["ratio"],
-                    traj_vs_batch_ratio_low_variance=sched["low_variance"]["ratio"])
+                    traj_vs_batch_ratio_low_variance=sched["low_variance"]["ratio"],
+                    auto_vs_batch_ratio_high_variance=sched["high_variance"]["auto_ratio"],
+                    auto_vs_batch_ratio_low_variance=sched["low_variance"]["auto_ratio"])
     out.write_text(json.dumps(recorded, indent=2) + "\n")
     markdown = here / "async_vs_sync.md"
     before, after = markdown.read_text().split(SCHEDULING_HEADING)

@@ -250,6 +250,16 @@ class AlgorithmConfig(StrictModel):
         "blocking", description="blocking: the trainer waits for a full batch; streaming: "
         "after waiting batch_deadline_s it trains on the complete admissible groups it has, "
         "if they are at least streaming_min_share of a batch (a smaller step, less idle).")
+    rollout_unit: Literal["trajectory", "batch", "auto"] = Field(
+        "trajectory", description="trajectory: one workflow per trajectory, each at its own "
+        "pace; batch: the groups the supply starts together take each turn together in one "
+        "workflow (far fewer workflow tasks a turn, but every turn waits for their slowest env "
+        "step; a failing trajectory fails them all); auto: batch while the measured env steps "
+        "make that wait at most batch_turn_overhead_s a turn, trajectory otherwise.")
+    batch_turn_overhead_s: float = Field(
+        0.04, ge=0, description="What orchestration costs a trajectory-level turn beyond its "
+        "work, which a batch spreads over all its trajectories; the default is near a 2-core "
+        "dev server's (44.5 ms, benchmarks/orchestration.md): lower it for a Temporal cluster.")
     batch_deadline_s: float = Field(5.0, gt=0)
     streaming_min_share: float = Field(0.5, gt=0, le=1)
     redundancy: int = Field(

@@ -129,6 +129,8 @@ class EnvStepResult(BaseModel):
     terminated: bool
     truncated: bool
     info: dict[str, object] = Field(default_factory=dict)
+    seconds: float = Field(0.0, description="The step's own time on the env worker (injected "
+                           "latency included, queueing not).")
 
 
 class GenerateRequest(BaseModel):
@@ -266,6 +268,8 @@ class TrajectoryResult(BaseModel):
                               "after its own died.")
     env_step_s: float = Field(0.0, description="Time its env steps took, retries included "
                               "(workflow time; 0 in lockstep batches).")
+    env_step_times: list[float] = Field(default_factory=list, description="Each env step's "
+                                        "own seconds, as its env worker measured them.")
     gen_usage: dict[str, PoolUsage] = Field(default_factory=dict, description="By the "
                                             "generation pool that served its turns.")
     reward_kind: str = ""

@@ -191,6 +191,27 @@ async def test_every_mode_trains_on_simulated_compute(temporal_server, tmp_path,
     assert len(replicas) == 2  # every replica took every update
 
 
+@pytest.mark.parametrize(("std_s", "batched"), [(0.0, True), (0.3, False)])
+async def test_auto_batches_rollout_only_while_env_steps_take_nearly_the_same_time(
+        temporal_server, tmp_path, std_s, batched):
+    config = sim_config(temporal_server, tmp_path, **{
+        "algorithm.rollout_unit": "auto", "algorithm.iterations": 5,
+        "domains.frozenlake.faults": {"step_mean_s": 0.02, "step_std_s": std_s}})
+    run_id = f"sim-auto-{std_s}"
+    async with in_process_fleet(config) as client:
+        status = await client.execute_workflow(
+            TrainingWorkflow.run, TrainingInput(config=config), id=run_id,
+            task_queue=config.temporal.control_queue, result_type=TrainingStatus)
+        batches = [w async for w in client.list_workflows(
+            f"WorkflowType = 'BatchRolloutWorkflow' AND WorkflowId STARTS_WITH '{run_id}.'")]
+    ledger = status.ledger
+    assert status.iteration == 5 and ledger.failed == 0
+    assert ledger.started == ledger.trained + ledger.failed + ledger.evicted
+    assert bool(batches) == batched
+    if batched:  # measured first, one workflow per trajectory: the first batch was not batched
+        assert min(int(w.id.split(".g")[1][:6]) for w in batches) >= 2
+
+
 async def test_a_streaming_batch_trains_on_what_is_ready_after_its_deadline(temporal_server,
                                                                              tmp_path):
     """Groups of a slow domain hold a blocking batch back; a streaming one trains without

@@ -1,9 +1,9 @@
 """BatchRolloutWorkflow: batch-level scheduling, the baseline trajectory-level scheduling is
 measured against. Every trajectory of the batch takes each turn together (generate for all, then
 step all envs), so each turn waits for the slowest environment of the batch. Started by a
-TrainingWorkflow (mode lockstep), it reports each trajectory's end to it by signal, as
-TrajectoryWorkflow does; one failing trajectory fails the whole batch, which is what lockstep
-means."""
+TrainingWorkflow (mode lockstep, or rollout_unit batch or auto), it reports each trajectory's end
+to it by signal, as TrajectoryWorkflow does; one failing trajectory fails the whole batch, which
+is what lockstep means."""
 
 from __future__ import annotations
 
@@ -94,6 +94,7 @@ class BatchRolloutWorkflow:
                 results[i].prompt_tokens += gen.prompt_tokens
                 results[i].cached_tokens += gen.cached_tokens
                 results[i].end_version = max(results[i].end_version, gen.version)
+                results[i].env_step_times.append(step.seconds)
                 observations[i], infos[i] = step.observation, step.info
                 actions[i].append(gen.text)
                 rewards[i].append(step.reward)

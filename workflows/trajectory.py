@@ -44,7 +44,7 @@ with workflow.unsafe.imports_passed_through():
         TrajectoryResult,
         TrajectorySpec,
     )
-    from rollart.queues import admin_queue
+    from rollart.queues import admin_queue, replica_queue
     from rollart.search_attributes import FAILED_IN, RUN
 
 GENERATE_HEARTBEAT = timedelta(seconds=10)
@@ -59,6 +59,7 @@ ROUTE_TIMEOUT = timedelta(seconds=10)
 PING_BEFORE_MARKING_DOWN = "ping-before-marking-down"
 SILENT_REPLICA_IS_DOWN = "silent-replica-is-down"
 RESTORE_LOST_ENV = "restore-lost-env"
+ONLY_REPLICA_UNROUTED = "only-replica-unrouted"
 MAX_RESTORES = 3
 DONE_SIGNAL = "trajectory_done"
 
@@ -98,9 +99,10 @@ async def generate_turn(spec: TrajectorySpec, turn: int, observation: str,
         seconds=spec.routing.schedule_to_start_s)
     context_tokens = previous.prompt_tokens + previous.new_tokens if previous else 0
     failures = 0
+    unrouted = only_replica and workflow.patched(ONLY_REPLICA_UNROUTED)
     for send in range(1, GENERATE_SENDS + 1):
         request_id = f"{spec.trajectory_id}.{turn}.{send}"
-        decision = await workflow.execute_local_activity(
+        decision = _only_replica(spec) if unrouted else await workflow.execute_local_activity(
             Activity.GEN_ROUTE,
             RouteRequest(request_id=request_id, trajectory_id=spec.trajectory_id,
                          group_id=spec.group_id, context_tokens=context_tokens,
@@ -126,7 +128,8 @@ async def generate_turn(spec: TrajectorySpec, turn: int, observation: str,
                 outcome = "busy"
             elif outcome == "unreachable" and only_replica:
                 outcome = "failed"  # nowhere else to go: marking it down would change nothing
-            await _release(spec, request_id, outcome)
+            if not unrouted:
+                await _release(spec, request_id, outcome)
             if outcome == "cancelled" or _non_retryable(err):
                 raise
             if outcome == "busy":
@@ -137,11 +140,20 @@ async def generate_turn(spec: TrajectorySpec, turn: int, observation: str,
                 raise
             await workflow.sleep(min(2 ** (failures - 1), 10))
             continue
-        await _release(spec, request_id, "ok")
+        if not unrouted:
+            await _release(spec, request_id, "ok")
         return result, decision, send - 1
     raise ApplicationError(f"turn {turn} of {spec.trajectory_id} was sent {GENERATE_SENDS} "
                            "times and never served: its replicas stay alive but full",
                            type="ReplicasSaturated")
+
+
+def _only_replica(spec: TrajectorySpec) -> RouteDecision:
+    """The decision the router would make with one replica in all: no local activity for it
+    (two a turn with the release, each a history marker and a workflow activation)."""
+    pool = next(pool for pool, replicas in spec.gen_pools if replicas)
+    return RouteDecision(queue=replica_queue("gen", pool, 0), pool=pool, replica=0,
+                         fallback=pool != spec.gen_pools[0][0], reason="only_replica")
 
 
 async def _alive_but_busy(err: ActivityError, queue: str, spec: TrajectorySpec) -> bool:
@@ -346,6 +358,7 @@ class TrajectoryWorkflow:
             stepping = workflow.now()
             step = await self._step(spec, reset, gen.text)
             partial.env_step_s += (workflow.now() - stepping).total_seconds()
+            partial.env_step_times.append(step.seconds)
             observation, info = step.observation, step.info
             rewards.append(step.reward)
             partial.reward = float(sum(rewards))
