@@ -4,7 +4,13 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollart.contracts import TrajectoryResult
-from rollart.workflows.buffer import Decision, SampleBuffer, admissible, groups_to_start
+from rollart.workflows.buffer import (
+    Decision,
+    SampleBuffer,
+    admissible,
+    groups_to_start,
+    next_domain,
+)
 
 
 def done(tid: str, group: str, status: str = "completed") -> TrajectoryResult:
@@ -200,3 +206,17 @@ def test_a_partial_take_is_the_ready_groups_oldest_first():
     taken = buffer.take(4, version=0, partial=True)
     assert [g.group_id for g in taken] == ["g1", "g3"]
     assert buffer.ledger.trained == 4 and sorted(buffer.groups) == ["g0", "g2"]
+
+
+def test_domains_take_their_share_of_every_batch():
+    weights = {"lake": 1.0, "math": 1.0, "code": 2.0}
+    started: dict[str, int] = {}
+    order = []
+    for _ in range(40):
+        name = next_domain(weights, started)
+        started[name] = started.get(name, 0) + 1
+        order.append(name)
+    for end in range(4, 41, 4):  # every 4 groups: one lake, one math, two code
+        window = order[end - 4:end]
+        assert sorted(window) == ["code", "code", "lake", "math"], window
+    assert next_domain({"only": 0.5}, {"only": 7}) == "only"

@@ -54,7 +54,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.queues import admin_queue, pool_queue, replica_queue
     from rollart.search_attributes import of_trajectory
     from rollart.workflows.batch_rollout import BatchRolloutWorkflow
-    from rollart.workflows.buffer import Group, SampleBuffer, groups_to_start
+    from rollart.workflows.buffer import Group, SampleBuffer, groups_to_start, next_domain
     from rollart.workflows.profiler import Accelerator, Profiler
     from rollart.workflows.scheduling import batch_rollout, remember_steps
     from rollart.workflows.trajectory import DONE_SIGNAL, TrajectoryWorkflow
@@ -73,6 +73,7 @@ KEPT_FAILURES = 20
 KEPT_REDUNDANT_IDS = 1000
 CANCEL_IN_PARALLEL = "cancel-in-parallel"
 REPLICA_WAIT_IN_ROUNDS = "replica-wait-in-rounds"
+BALANCED_DOMAINS = "balanced-domains"
 CHECK_REWARDS = "check-rewards"
 STOP_SIGNAL = "stop"
 
@@ -93,6 +94,8 @@ class TrainingState(BaseModel):
     env_steps: dict[str, list[float]] = Field(default_factory=dict, description="Domain -> its "
                                               "latest env step times (rollout_unit auto).")
     batching: bool = Field(False, description="Whether the supply last started a batch.")
+    domain_groups: dict[str, int] = Field(default_factory=dict, description="Groups started, "
+                                          "by domain.")
     exported: Ledger = Field(default_factory=Ledger, description="The ledger as the metrics "
                              "counted it last.")
     failure_totals: dict[str, int] = Field(default_factory=dict, description="The run's "
@@ -305,8 +308,12 @@ class TrainingWorkflow:
         and search attributes."""
         algo, state = cfg.algorithm, self.state
         rng = workflow.random()
-        names = list(cfg.domains)
-        domain = rng.choices(names, weights=[cfg.domains[n].weight for n in names])[0]
+        weights = {name: d.weight for name, d in cfg.domains.items()}
+        if workflow.patched(BALANCED_DOMAINS):
+            domain = next_domain(weights, state.domain_groups)
+        else:
+            domain = rng.choices(list(weights), weights=list(weights.values()))[0]
+        state.domain_groups[domain] = state.domain_groups.get(domain, 0) + 1
         group_id = f"{workflow.info().workflow_id}.g{state.groups_started:06d}"
         seed = rng.randint(0, 2**31 - 1)
         members = [f"{group_id}.t{k:02d}" for k in range(algo.group_size + algo.redundancy)]
