@@ -87,10 +87,15 @@ FINDINGS = [
     "activity: 12.7 ms in memory, 11.8 ms WAL + normal, 10.8 ms WAL + off (off can corrupt the "
     "run's database on a crash); history.enableTransitionHistory and history.enableChasm off "
     "changed nothing; schedule-to-start and heartbeat timeouts cost 0.9 ms per activity.",
-    "Left: 14 history events a turn (two activities, two workflow tasks, the router's two "
-    "markers). The dev server's ~12 ms of CPU per activity and its workflow task is the floor "
-    "of this design on one small machine: two activities a turn cap it near 55 turns/s on 2 "
-    "cores before any other work, whatever rollart does.",
+    "One replica in all: a turn no longer asks the router (two local activities, two history "
+    "markers): 12 history events and 2,108 bytes a turn instead of 14 and 2,910; control "
+    "19.0 -> 13.1 ms of CPU per turn (2026-12-03, on a machine whose floor was 1.8x slower "
+    "that day: a no-op activity 31.5 ms one at a time instead of 17.7).",
+    "Left: 12 history events a turn (two activities, two workflow tasks). The dev server's "
+    "~12-21 ms of CPU per activity and its workflow task is the floor of this design on one "
+    "small machine: two activities a turn cap it near 55 turns/s on 2 cores before any other "
+    "work, whatever rollart does; `algorithm.rollout_unit = \"batch\"` or `\"auto\"` shares "
+    "workflow tasks among trajectories where lockstep turns cost little.",
 ]
 
 

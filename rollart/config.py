@@ -259,7 +259,7 @@ class AlgorithmConfig(StrictModel):
     batch_turn_overhead_s: float = Field(
         0.04, ge=0, description="What orchestration costs a trajectory-level turn beyond its "
         "work, which a batch spreads over all its trajectories; the default is near a 2-core "
-        "dev server's (44.5 ms, benchmarks/orchestration.md): lower it for a Temporal cluster.")
+        "dev server's (44-48 ms, benchmarks/orchestration.md): lower it for a Temporal cluster.")
     batch_deadline_s: float = Field(5.0, gt=0)
     streaming_min_share: float = Field(0.5, gt=0, le=1)
     redundancy: int = Field(
