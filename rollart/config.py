@@ -221,10 +221,12 @@ class AlgorithmConfig(StrictModel):
     clip_eps: float = Field(0.2, gt=0)
     clip_eps_high: float | None = Field(
         None, gt=0, description="Upper clip of the ratio (DAPO's clip-higher); None: clip_eps.")
-    loss_aggregation: Literal["token_mean", "sequence_mean"] = Field(
+    loss_aggregation: Literal["token_mean", "sequence_mean", "signal_token_mean"] = Field(
         "token_mean", description="token_mean: the loss is averaged over the batch's sampled "
         "tokens (a long episode weighs more); sequence_mean: over each episode's tokens, then "
-        "over episodes (every episode weighs the same).")
+        "over episodes (every episode weighs the same); signal_token_mean: over the tokens of "
+        "episodes whose advantage is not zero (a solved domain's groups do not dilute the "
+        "others').")
     minibatches: int = Field(2, ge=1)
     epochs: int = Field(
         4, ge=1, description="Passes over the batch per train step (PPO's epochs): each pass "

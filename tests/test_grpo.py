@@ -64,6 +64,11 @@ def test_sequence_mean_weighs_every_sequence_the_same_whatever_its_length():
     # sequence_mean: each sequence's tokens share -1/2
     assert grads["sequence_mean"][0].sum() == pytest.approx(grads["sequence_mean"][1].sum())
     assert grads["sequence_mean"][1, 0] == pytest.approx(-0.5)
+    # signal_token_mean: as token_mean when every sequence carries an advantage
+    logprobs = torch.zeros(2, 4, requires_grad=True)
+    clipped_policy_loss(logprobs, torch.zeros(2, 4), advantages, mask, 0.2,
+                        aggregation="signal_token_mean").loss.backward()
+    assert torch.allclose(logprobs.grad, grads["token_mean"])
     with pytest.raises(ValueError, match="unknown loss aggregation"):
         clipped_policy_loss(torch.zeros(2, 4), torch.zeros(2, 4), advantages, mask, 0.2,
                             aggregation="sum")
@@ -137,3 +142,24 @@ def test_entropy_is_over_the_allowed_tokens_and_differentiable():
     assert torch.allclose(values, torch.full((1, 2), math.log(3)))
     values.sum().backward()
     assert torch.isfinite(logits.grad).all()
+
+
+def test_signal_token_mean_ignores_sequences_that_teach_nothing():
+    """A solved group (zero advantage) next to one with signal: under token_mean its tokens
+    halve the other's step; under signal_token_mean the step is what it is alone."""
+    mask = torch.ones(2, 3, dtype=torch.bool)
+    grads = {}
+    for aggregation in ("token_mean", "signal_token_mean"):
+        logprobs = torch.zeros(2, 3, requires_grad=True)
+        clipped_policy_loss(logprobs, torch.zeros(2, 3), torch.tensor([[1.0], [0.0]]), mask,
+                            0.2, aggregation=aggregation).loss.backward()
+        grads[aggregation] = logprobs.grad
+    alone = torch.zeros(1, 3, requires_grad=True)
+    clipped_policy_loss(alone, torch.zeros(1, 3), torch.tensor([[1.0]]), mask[:1], 0.2
+                        ).loss.backward()
+    assert torch.allclose(grads["signal_token_mean"][0], alone.grad[0])
+    assert torch.allclose(grads["token_mean"][0], alone.grad[0] / 2)
+    assert not grads["signal_token_mean"][1].any()
+    nothing = clipped_policy_loss(torch.zeros(1, 3), torch.zeros(1, 3), torch.tensor([[0.0]]),
+                                  mask[:1], 0.2, aggregation="signal_token_mean")
+    assert nothing.loss.item() == 0.0

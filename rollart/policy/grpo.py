@@ -87,7 +87,11 @@ def clipped_policy_loss(
     more than a short one; `sequence_mean` averages each sequence over its own tokens first, so
     every episode weighs the same. `clip_eps_high` (DAPO's clip-higher) lets a token with a
     positive advantage rise further than `clip_eps` before its gradient stops. Neither helped on
-    FrozenLake (benchmarks/learning_lab.md); they are there for tasks where they do."""
+    FrozenLake (benchmarks/learning_lab.md); they are there for tasks where they do.
+    `signal_token_mean` averages over the tokens of sequences with a nonzero advantage only: a
+    group whose members all scored the same teaches nothing, and under token_mean its tokens
+    still shrink every other sequence's step (in a multitask batch where one domain is solved,
+    the other domain's steps shrank to its share of the batch's tokens)."""
     # Unsampled positions may hold -inf (tokens outside a constrained mask): zero them out.
     logprobs = logprobs.masked_fill(~loss_mask, 0.0)
     old_logprobs = old_logprobs.masked_fill(~loss_mask, 0.0)
@@ -105,6 +109,9 @@ def clipped_policy_loss(
         loss = per_sequence[lengths > 0].sum() / max(int((lengths > 0).sum().item()), 1)
     elif aggregation == "token_mean":
         loss = (per_token * mask).sum() / denominator
+    elif aggregation == "signal_token_mean":
+        signal = loss_mask & (advantages != 0).expand_as(loss_mask)
+        loss = (per_token * mask).sum() / max(int(signal.sum().item()), 1)
     else:
         raise ValueError(f"unknown loss aggregation {aggregation!r}")
     was_clipped = (((ratio < 1 - clip_eps) | (ratio > 1 + high)) & loss_mask).float()
