@@ -149,7 +149,8 @@ async def sweep_part(server: DevServer, work: Path, trajectories: int, turns: in
             repeats = [await traj_vs_batch(client, swept, f"sweep-{std}-{k}", trajectories)
                        for k in range(SWEEP_REPEATS)]
             results[str(std)] = {key: statistics.fmean(r[key] for r in repeats)
-                                 for key in repeats[0]}
+                                 for key in repeats[0] if key != "auto_unit"}
+            results[str(std)]["auto_units"] = [r["auto_unit"] for r in repeats]
             progress.advance(task)
     return results
 
