@@ -154,7 +154,8 @@ class TrainingWorkflow:
     @workflow.signal(name=DONE_SIGNAL)
     async def trajectory_done(self, result: TrajectoryResult) -> None:
         state = self.state
-        remember_steps(state.env_steps, result.domain, result.env_step_times)
+        if self.config.algorithm.rollout_unit == "auto":
+            remember_steps(state.env_steps, result.domain, result.env_step_times)
         if result.trajectory_id in state.redundant_ids:
             state.redundant_ids.remove(result.trajectory_id)
             state.redundant_cancelled.add(result)
