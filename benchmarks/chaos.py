@@ -88,14 +88,17 @@ def launch(*args: str, log: Path) -> subprocess.Popen:
 
 
 def worker_pid(launcher: subprocess.Popen, victim: str) -> int | None:
-    for child in psutil.Process(launcher.pid).children():
+    """The victim's worker process: the launcher's child, or the fork server's (generation
+    replicas and the trainer), not a child of the worker that still carries its title."""
+    found = {}
+    for process in psutil.Process(launcher.pid).children(recursive=True):
         try:
-            command = " ".join(child.cmdline()) + " "
+            command = " ".join(process.cmdline()) + " "
+            if WORKERS[victim] + " " in command:
+                found[process.pid] = process.ppid()
         except psutil.Error:  # a killed worker not reaped yet
             continue
-        if WORKERS[victim] + " " in command:
-            return child.pid
-    return None
+    return next((pid for pid, parent in found.items() if parent not in found), None)
 
 
 def take_restarts(run_dir: Path) -> int:

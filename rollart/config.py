@@ -415,6 +415,11 @@ class SupervisorConfig(StrictModel):
     window_s: float = Field(300.0, gt=0)
     backoff_s: float = Field(1.0, ge=0, description="Wait before the first restart.")
     max_backoff_s: float = Field(30.0, ge=0)
+    fork_server: bool = Field(
+        True, description="Fork the generation and trainer workers from one process that "
+        "imported torch, transformers and vLLM once (rollart.workers.zygote): each would spend "
+        "~12 CPU-s on those imports, and a killed one comes back in its engine's start-up time. "
+        "Not with simulated compute, whose workers import none of them.")
 
 
 class StorageConfig(StrictModel):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib.metadata
 import logging
 import os
 import socket
@@ -27,6 +28,9 @@ from rollart.workers.telemetry import (
 )
 
 log = logging.getLogger("rollart.worker")
+# Named, not left to the SDK: its default hashes the bytecode of every loaded module, 2-5 s of
+# CPU in a worker that imported torch and vLLM (versioning is off: the id only labels pollers).
+BUILD_ID = f"rollart-{importlib.metadata.version('rollart')}"
 WORKER_SLOT_ENV = "ROLLART_WORKER_SLOT"  # set by the supervisor: a name stable across restarts
 WorkerRole = Literal["control", "env", "gen", "reward", "train"]
 
@@ -172,7 +176,7 @@ def _reward_workers(config: RunConfig, client, pool: str, closers: list) -> list
     _REWARD_QUEUES_SERVED.add(served)
     closers.append(lambda: _REWARD_QUEUES_SERVED.discard(served))
     slots = config.pool("reward", pool).worker_slots()
-    return [Worker(client, task_queue=pool_queue("reward", pool),
+    return [Worker(client, build_id=BUILD_ID, task_queue=pool_queue("reward", pool),
                    activities=[check_reward, compute_reward],
                    activity_executor=ThreadPoolExecutor(max_workers=slots),
                    max_concurrent_activities=slots)]
@@ -194,7 +198,7 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
         router = RouterActivities()
         runner = {} if config.temporal.workflow_sandbox else {
             "workflow_runner": UnsandboxedWorkflowRunner()}
-        return [Worker(client, task_queue=config.temporal.control_queue,
+        return [Worker(client, build_id=BUILD_ID, task_queue=config.temporal.control_queue,
                        workflows=[TrainingWorkflow, TrajectoryWorkflow, BatchRolloutWorkflow],
                        activities=[router.route, router.release], **runner)]
     if role in ("env", "reward"):
@@ -214,7 +218,7 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
         slots = config.pool("env", pool).worker_slots()
         executor = ThreadPoolExecutor(max_workers=slots)
         activities = [envs.check, envs.reset, envs.restore, envs.step, envs.close]
-        return [Worker(client, task_queue=queue, activities=activities,
+        return [Worker(client, build_id=BUILD_ID, task_queue=queue, activities=activities,
                        activity_executor=executor, max_concurrent_activities=slots)
                 for queue in (pool_queue("env", pool), own_queue)]
     if role == "reward":
@@ -253,9 +257,9 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
         if engine is None:
             version = await gen.catch_up(config.weights_prefix)
             log.info("%s serves policy version %d", queue, version)
-        workers = [Worker(client, task_queue=queue, activities=[gen.generate],
+        workers = [Worker(client, build_id=BUILD_ID, task_queue=queue, activities=[gen.generate],
                           max_concurrent_activities=config.engine.max_num_seqs),
-                   Worker(client, task_queue=admin_queue(queue),
+                   Worker(client, build_id=BUILD_ID, task_queue=admin_queue(queue),
                           activities=[gen.ping, gen.update_weights], max_concurrent_activities=4)]
         for judged in (p for p in config.pools if p.colocate_with == pool):
             await _serve_judge(config, judged.name, closers, device=gen_engine.device)
@@ -282,7 +286,7 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
         train = TrainActivities(trainer, publisher, Puller(*backends),
                                 open_blobs(config.checkpoint_url, config.storage),
                                 config.trainer.checkpoint_every, StoreOpener(config.storage))
-        return [Worker(client, task_queue=pool_queue("train", pool),
+        return [Worker(client, build_id=BUILD_ID, task_queue=pool_queue("train", pool),
                        activities=[train.step, train.begin_run],
                        activity_executor=ThreadPoolExecutor(max_workers=1),
                        max_concurrent_activities=1)]

@@ -20,8 +20,10 @@ from rollart.servers import die_with_parent
 from rollart.weights import MooncakeMaster, backend_choice
 from rollart.workers.devserver import DevServer
 from rollart.workers.fleet import WORKER_SLOT_ENV
+from rollart.workers.zygote import ForkedProcess, ForkServer
 
 log = logging.getLogger("rollart.stack")
+FORKED_ROLES = ("gen.", "train.")  # the workers that import torch, transformers and vLLM
 
 
 class CrashLoopError(RuntimeError):
@@ -59,7 +61,11 @@ class Stack:
             host, port = config.weights.mooncake_master.rsplit(":", 1)
             self.mooncake = MooncakeMaster(int(port), self.logs / "mooncake_master.log")
         self.commands = worker_commands(config_file, config)
-        self.processes: dict[str, subprocess.Popen] = {}
+        self.forked = {name for name in self.commands if name.startswith(FORKED_ROLES)}
+        self.fork_server: ForkServer | None = None
+        if self.forked and config.supervisor.fork_server and not config.simulation.enabled:
+            self.fork_server = ForkServer(self.logs / "fork_server.log")
+        self.processes: dict[str, subprocess.Popen | ForkedProcess] = {}
         self._cpu: dict[int, tuple[str, float]] = {}
         self.restarts: dict[str, list[float]] = {}  # monotonic times of each worker's restarts
         self.exits: list[dict] = []  # every unexpected exit, for the run directory
@@ -71,6 +77,8 @@ class Stack:
             self.server.start()
         if self.mooncake is not None:
             self.mooncake.start()
+        if self.fork_server is not None:
+            self.fork_server.start()
         for name in self.commands:
             self.spawn(name)
         return self
@@ -79,11 +87,14 @@ class Stack:
         """Start (or start again) the worker process `name`."""
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self._storage_credentials())
         env[WORKER_SLOT_ENV] = f"{Path(self.config.run_dir).name}.{name}"
-        log = open(self.logs / f"{name}.log", "ab")  # noqa: SIM115 (the child owns it)
+        command, log_path = self.commands[name], self.logs / f"{name}.log"
+        if self.fork_server is not None and name in self.forked:
+            self.processes[name] = self.fork_server.spawn(command[1:], env, log_path)
+            return
+        log = open(log_path, "ab")  # noqa: SIM115 (the child owns it)
         # A session of its own: stopping or killing a worker reaches its engine processes too.
-        self.processes[name] = subprocess.Popen(self.commands[name], stdout=log,
-                                                stderr=subprocess.STDOUT, env=env,
-                                                start_new_session=True,
+        self.processes[name] = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT,
+                                                env=env, start_new_session=True,
                                                 preexec_fn=die_with_parent)
 
     def kill(self, name: str) -> None:
@@ -103,7 +114,7 @@ class Stack:
 
         roots = {name: process.pid for name, process in self.processes.items()}
         for name, server in (("temporal dev server", self.server if self.start_server else None),
-                             ("mooncake master", self.mooncake)):
+                             ("mooncake master", self.mooncake), ("fork server", self.fork_server)):
             if server is not None and server.process is not None:
                 roots[name] = server.process.pid
         for name, pid in roots.items():
@@ -183,6 +194,8 @@ class Stack:
             with contextlib.suppress(ProcessLookupError):  # engine processes left behind
                 os.killpg(process.pid, signal.SIGKILL)
         self.processes.clear()
+        if self.fork_server is not None:
+            self.fork_server.stop()
         if self.mooncake is not None:
             self.mooncake.stop()
         if self.start_server:

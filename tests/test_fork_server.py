@@ -1,0 +1,87 @@
+"""The fork server the embedded stack starts its heavy workers from, on real processes (with a
+light preload: the stack's own preloads torch, transformers and vLLM)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+from rollart.workers.zygote import ForkServer
+
+
+@pytest.fixture
+def server(tmp_path):
+    forks = ForkServer(tmp_path / "fork_server.log", preload=["json"]).start()
+    yield forks
+    forks.stop()
+
+
+def test_a_forked_worker_runs_its_command_with_its_env_log_and_title(server, tmp_path):
+    log = tmp_path / "worker.log"
+    code = ("import os, sys, time; print('hello', os.environ['GREETING'], flush=True); "
+            "time.sleep(30)")
+    worker = server.spawn(["-c", code], {"GREETING": "from the env"}, log)
+    deadline = time.monotonic() + 10
+    while "hello" not in (log.read_text() if log.exists() else ""):
+        assert time.monotonic() < deadline, "the forked worker did not write its log"
+        time.sleep(0.05)
+    assert "hello from the env" in log.read_text()
+    process = psutil.Process(worker.pid)
+    assert os.getsid(worker.pid) == worker.pid  # a session of its own, as Popen's workers
+    assert process.ppid() == server.process.pid
+    assert "-c import os, sys" in " ".join(process.cmdline())  # ps shows the worker's command
+    assert worker.poll() is None
+    os.killpg(worker.pid, signal.SIGKILL)
+    assert worker.wait(10) == -signal.SIGKILL
+
+
+@pytest.mark.parametrize("code, returncode, printed", [
+    ("import sys; sys.exit(3)", 3, ""),
+    ("raise SystemExit('rollart worker: a clear reason')", 1, "a clear reason"),
+    ("raise ValueError('boom')", 1, "ValueError: boom"),
+    ("pass", 0, ""),
+])
+def test_a_forked_worker_exits_with_the_status_python_would_give(server, tmp_path, code,
+                                                                  returncode, printed):
+    log = tmp_path / "worker.log"
+    worker = server.spawn(["-c", code], dict(os.environ), log)
+    assert worker.wait(10) == returncode
+    assert printed in log.read_text()
+
+
+def test_workers_die_with_the_server_and_the_next_spawn_starts_it_again(server, tmp_path):
+    worker = server.spawn(["-c", "import time; time.sleep(60)"], {}, tmp_path / "w.log")
+    first = server.process
+    os.killpg(first.pid, signal.SIGKILL)
+    first.wait(10)
+    assert worker.wait(10) == -9  # reported killed: it dies with its parent
+    deadline = time.monotonic() + 10
+    while psutil.pid_exists(worker.pid) and psutil.Process(worker.pid).status() != "zombie":
+        assert time.monotonic() < deadline, "the worker outlived its fork server"
+        time.sleep(0.05)
+    again = server.spawn([
+        "-c", "import sys; sys.exit(0 if 'json' in sys.modules else 5)"], {}, tmp_path / "x.log")
+    assert server.process is not first
+    assert again.wait(10) == 0  # forked from the new server, with its preload
+
+
+def test_the_stack_forks_heavy_workers_only_when_they_import_the_heavy_modules(tmp_path):
+    from rollart.config import load_config
+    from rollart.workers.stack import Stack
+
+    real = Stack(load_config(None, run_dir=str(tmp_path / "a")), tmp_path / "c.json")
+    assert real.fork_server is not None
+    assert real.forked == {"gen.cpu.r0", "train.cpu"}
+    pools = [{"name": "cpu", "role": role} for role in ("env", "reward", "train")]
+    pools.append({"name": "cpu", "role": "gen", "hardware": "h800"})
+    simulated = Stack(load_config(None, run_dir=str(tmp_path / "b"), pools=pools,
+                                  **{"simulation.enabled": True}), tmp_path / "c.json")
+    assert simulated.fork_server is None
+    off = Stack(load_config(None, run_dir=str(tmp_path / "c"),
+                            **{"supervisor.fork_server": False}), tmp_path / "c.json")
+    assert off.fork_server is None
+    assert real.commands["gen.cpu.r0"][1:3] == ["-m", "rollart.workers.cli"]
