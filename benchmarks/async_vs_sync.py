@@ -171,32 +171,46 @@ def multitask_config(base: dict, name: str, domains: list[str]) -> RunConfig:
     return RunConfig.model_validate(data)
 
 
-async def multitask(engine, base: dict, smoke: bool) -> dict:
-    """Both domains with one policy, and each alone, with the example's settings: success per
-    domain at the start and over the last 3 iterations."""
+async def multitask(engine, base: dict, smoke: bool, seeds: range) -> dict:
+    """Both domains with one policy, and each alone, with the example's settings, `seeds` runs
+    of each: success per domain at the start and over the last 3 iterations, per run."""
     smoke_base = {**base, **({"algorithm.iterations": 2} if smoke else {})}
     runs = {"both": ["frozenlake", "arithmetic"], "frozenlake": ["frozenlake"],
             "arithmetic": ["arithmetic"]}
-    results = {}
+    results: dict = {name: [] for name in runs}
     fleet_config = multitask_config(smoke_base, "fleet", runs["both"])
     async with in_process_fleet(fleet_config, engine) as client:
-        for name, domains in runs.items():
-            config = multitask_config(smoke_base, f"multitask-{name}", domains)
-            if smoke:
-                config.algorithm = config.algorithm.model_copy(update={
-                    "group_size": 4, "batch_size": 16, "minibatches": 1})
-            handle = await client.start_workflow(
-                TrainingWorkflow.run, TrainingInput(config=config), id=f"bench-multitask-{name}",
-                task_queue=config.temporal.control_queue, result_type=TrainingStatus)
-            status = await handle.result()
-            results[name] = {domain: {
-                "initial": next(m.domains[domain].success_rate for m in status.history
-                                if domain in m.domains),
-                "final": statistics.fmean(m.domains[domain].success_rate
-                                          for m in status.history[-3:] if domain in m.domains),
-                "curve": [m.domains[domain].success_rate if domain in m.domains else None
-                          for m in status.history]} for domain in domains}
+        with Progress(console=console) as progress:
+            task = progress.add_task("multitask", total=len(runs) * len(seeds))
+            for seed in seeds:
+                for name, domains in runs.items():
+                    progress.update(task, description=f"multitask ({name}, seed {seed})")
+                    config = multitask_config(smoke_base, f"multitask-{name}-s{seed}", domains)
+                    if smoke:
+                        config.algorithm = config.algorithm.model_copy(update={
+                            "group_size": 4, "batch_size": 16, "minibatches": 1})
+                    started = time.perf_counter()
+                    handle = await client.start_workflow(
+                        TrainingWorkflow.run, TrainingInput(config=config),
+                        id=f"bench-multitask-{name}-s{seed}",
+                        task_queue=config.temporal.control_queue, result_type=TrainingStatus)
+                    status = await handle.result()
+                    run = {"seed": seed, "wall_s": time.perf_counter() - started,
+                           "domains": {domain: _domain_curve(status, domain)
+                                       for domain in domains}}
+                    results[name].append(run)
+                    console.print(f"multitask {name} seed {seed}: {run['wall_s']:.0f} s, "
+                                  f"{json.dumps(run['domains'])}")
+                    progress.advance(task)
     return results
+
+
+def _domain_curve(status: TrainingStatus, domain: str) -> dict:
+    history = [m for m in status.history if domain in m.domains]
+    return {"initial": history[0].domains[domain].success_rate,
+            "final": statistics.fmean(m.domains[domain].success_rate for m in history[-3:]),
+            "curve": [m.domains[domain].success_rate if domain in m.domains else None
+                      for m in status.history]}
 
 
 async def main(args: argparse.Namespace) -> dict:
@@ -229,7 +243,7 @@ async def main(args: argparse.Namespace) -> dict:
                         results["modes"].setdefault(name, []).append(run)
                         progress.advance(task)
         if (args.multitask or args.multitask_only or args.smoke) and not args.scheduling_only:
-            results["multitask"] = await multitask(engine, base, args.smoke)
+            results["multitask"] = await multitask(engine, base, args.smoke, seeds)
     finally:
         engine.shutdown()
         server.stop()
@@ -341,20 +355,61 @@ MULTITASK_HEADING = "## Two domains, one policy"
 
 
 def multitask_summary(multi: dict) -> dict:
-    return {domain: {"initial": both["initial"], "together": both["final"],
-                     "alone": multi[domain][domain]["final"]}
-            for domain, both in multi["both"].items()}
+    """Per domain: where it started (mean over the runs together), where it ended together and
+    alone (mean and range over the runs)."""
+    return {domain: {
+        "initial": statistics.fmean(run["domains"][domain]["initial"] for run in multi["both"]),
+        "together": spread([run["domains"][domain]["final"] for run in multi["both"]]),
+        "alone": spread([run["domains"][domain]["final"] for run in multi[domain]])}
+        for domain in multi["both"][0]["domains"]}
 
 
 def multitask_lines(multi: dict) -> list[str]:
+    example = tomllib.loads(MULTITASK.read_text())["algorithm"]
+    runs = len(multi["both"])
+    iterations = len(next(iter(multi["both"][0]["domains"].values()))["curve"])
     lines = [MULTITASK_HEADING, "",
-             "`examples/multitask.toml` as written (batch 64, 30 iterations, no injected "
-             "latency), both domains with one policy and each domain alone; success is the mean "
-             "over the last 3 iterations (learning figures).", "",
+             f"`examples/multitask.toml` as written (batch {example['batch_size']}, "
+             f"{iterations} iterations, loss aggregation "
+             f"{example.get('loss_aggregation', 'token_mean')}, no injected latency), both "
+             f"domains with one policy and each domain alone, {runs} runs each; success is the "
+             "mean over the last 3 iterations, as mean (min-max) over the runs (learning "
+             "figures). Curves: `results/multitask.png`.", "",
              "| domain | start (together) | end, together | end, alone |", "|---|---|---|---|"]
-    lines += [f"| {d} | {r['initial']:.2f} | {r['together']:.2f} | {r['alone']:.2f} |"
+
+    def fmt(s: dict) -> str:
+        return f"{s['mean']:.2f} ({s['min']:.2f}-{s['max']:.2f})"
+
+    lines += [f"| {d} | {r['initial']:.2f} | {fmt(r['together'])} | {fmt(r['alone'])} |"
               for d, r in multitask_summary(multi).items()]
     return lines
+
+
+def plot_multitask(multi: dict, out: Path) -> None:
+    """One panel per domain: every run together against every run alone, by iteration."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    domains = list(multi["both"][0]["domains"])
+    fig, axes = plt.subplots(1, len(domains), figsize=(6 * len(domains), 4.5), sharey=True)
+    for ax, domain in zip(axes, domains, strict=True):
+        for name, color in (("both", "tab:blue"), (domain, "tab:gray")):
+            for k, run in enumerate(multi[name]):
+                curve = run["domains"][domain]["curve"]
+                ax.plot(range(len(curve)), curve, color=color, alpha=0.7,
+                        label=(("together" if name == "both" else "alone") if k == 0 else None))
+        ax.set_title(domain)
+        ax.set_xlabel("iteration")
+        ax.grid(alpha=0.3)
+        ax.set_ylim(-0.02, 1.02)
+        ax.legend()
+    axes[0].set_ylabel("batch success rate")
+    fig.suptitle("examples/multitask.toml: one policy on both domains vs each domain alone")
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
 
 
 def report_multitask_only(results: dict) -> None:
@@ -367,6 +422,7 @@ def report_multitask_only(results: dict) -> None:
     recorded["multitask_final_success"] = summary
     recorded["multitask"] = multi
     out.write_text(json.dumps(recorded, indent=2) + "\n")
+    plot_multitask(multi, here / "results" / "multitask.png")
     markdown = here / "async_vs_sync.md"
     kept = markdown.read_text().split(MULTITASK_HEADING)[0].rstrip()
     markdown.write_text(kept + "\n\n" + "\n".join(multitask_lines(multi)) + "\n")
