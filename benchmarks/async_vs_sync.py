@@ -11,7 +11,8 @@ per-iteration learning figures (step KL, entropy, importance ratios, fresh and s
 kept in the JSON; `results/async_vs_sync.png` plots all curves.
 
 `--multitask` (or `--multitask-only`, merged into the recorded JSON) also trains
-examples/multitask.toml and each of its domains alone.
+examples/multitask.toml and each of its domains alone, `--seeds` runs each
+(`results/multitask.png` plots them).
 
 Weights go through local files, as when the results were first measured (before the Mooncake
 store), so a rerun compares with them and needs no mooncake_master.

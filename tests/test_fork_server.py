@@ -85,3 +85,10 @@ def test_the_stack_forks_heavy_workers_only_when_they_import_the_heavy_modules(t
                             **{"supervisor.fork_server": False}), tmp_path / "c.json")
     assert off.fork_server is None
     assert real.commands["gen.cpu.r0"][1:3] == ["-m", "rollart.workers.cli"]
+
+
+def test_an_exit_reported_with_its_pid_is_not_lost(server, tmp_path):
+    """A worker that exits at once: the server's pid and exit lines can come in one read."""
+    workers = [server.spawn(["-c", "pass"], {}, tmp_path / f"w{k}.log") for k in range(5)]
+    time.sleep(0.5)
+    assert [worker.wait(10) for worker in workers] == [0] * 5

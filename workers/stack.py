@@ -79,7 +79,8 @@ class Stack:
             self.mooncake.start()
         if self.fork_server is not None:
             self.fork_server.start()
-        for name in self.commands:
+        # the forked last: the first waits for the fork server's imports
+        for name in sorted(self.commands, key=lambda name: name in self.forked):
             self.spawn(name)
         return self
 

@@ -160,7 +160,8 @@ class ForkServer:
         self.process: subprocess.Popen | None = None
         self._replies = -1
         self._pending = b""
-        self._forked: dict[int, ForkedProcess] = {}
+        self._forked: dict[int, ForkedProcess] = {}  # running, by pid
+        self._started: list[ForkedProcess] = []  # forked, not yet handed to spawn's caller
 
     def start(self) -> ForkServer:
         read, write = os.pipe()
@@ -184,37 +185,39 @@ class ForkServer:
         self.process.stdin.write((json.dumps(request) + "\n").encode())
         self.process.stdin.flush()
         deadline = time.monotonic() + timeout_s
-        while True:
-            for message in self._read():
-                if "pid" in message:
-                    forked = ForkedProcess(self, message["pid"])
-                    self._forked[forked.pid] = forked
-                    return forked
+        while not self._started:
+            self._receive()
             if self.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"the fork server did not start a worker (see "
                                    f"{self.log_file})")
             time.sleep(0.01)
+        return self._started.pop(0)
 
     def collect(self) -> None:
         """Record the exits the server reported; when the server itself is gone, its workers
         (killed with it) are reported as killed."""
-        for message in self._read():
-            forked = self._forked.pop(message.get("exited"), None)
-            if forked is not None:
-                forked.returncode = message["returncode"]
+        self._receive()
         if self.process is not None and self.process.poll() is not None:
             for forked in self._forked.values():
                 forked.returncode = -9
             self._forked.clear()
 
-    def _read(self) -> list[dict]:
+    def _receive(self) -> None:
+        """Every message the server sent so far, in order: a worker's exit may follow its pid in
+        the same read."""
         if self._replies < 0:
-            return []
+            return
         with contextlib.suppress(BlockingIOError):
             while chunk := os.read(self._replies, 1 << 16):
                 self._pending += chunk
         *lines, self._pending = self._pending.split(b"\n")
-        return [json.loads(line) for line in lines if line]
+        for message in (json.loads(line) for line in lines if line):
+            if "pid" in message:
+                forked = ForkedProcess(self, message["pid"])
+                self._forked[forked.pid] = forked
+                self._started.append(forked)
+            elif (forked := self._forked.pop(message["exited"], None)) is not None:
+                forked.returncode = message["returncode"]
 
     def stop(self) -> None:
         if self.process is not None:
