@@ -12,7 +12,8 @@ kept in the JSON; `results/async_vs_sync.png` plots all curves.
 
 `--multitask` (or `--multitask-only`, merged into the recorded JSON) also trains
 examples/multitask.toml and each of its domains alone, `--seeds` runs each
-(`results/multitask.png` plots them).
+(`results/multitask.png` plots them); `--multitask-runs both` reruns only the runs together and
+keeps the recorded single-domain runs.
 
 Weights go through local files, as when the results were first measured (before the Mooncake
 store), so a rerun compares with them and needs no mooncake_master.
@@ -172,14 +173,18 @@ def multitask_config(base: dict, name: str, domains: list[str]) -> RunConfig:
     return RunConfig.model_validate(data)
 
 
-async def multitask(engine, base: dict, smoke: bool, seeds: range) -> dict:
+MULTITASK_RUNS = {"both": ["frozenlake", "arithmetic"], "frozenlake": ["frozenlake"],
+                  "arithmetic": ["arithmetic"]}
+
+
+async def multitask(engine, base: dict, smoke: bool, seeds: range, only: list[str]) -> dict:
     """Both domains with one policy, and each alone, with the example's settings, `seeds` runs
-    of each: success per domain at the start and over the last 3 iterations, per run."""
+    of each (of the `only` ones): success per domain at the start and over the last 3
+    iterations, and each iteration's trained episodes of it, per run."""
     smoke_base = {**base, **({"algorithm.iterations": 2} if smoke else {})}
-    runs = {"both": ["frozenlake", "arithmetic"], "frozenlake": ["frozenlake"],
-            "arithmetic": ["arithmetic"]}
+    runs = {name: domains for name, domains in MULTITASK_RUNS.items() if name in only}
     results: dict = {name: [] for name in runs}
-    fleet_config = multitask_config(smoke_base, "fleet", runs["both"])
+    fleet_config = multitask_config(smoke_base, "fleet", MULTITASK_RUNS["both"])
     async with in_process_fleet(fleet_config, engine) as client:
         with Progress(console=console) as progress:
             task = progress.add_task("multitask", total=len(runs) * len(seeds))
@@ -211,7 +216,24 @@ def _domain_curve(status: TrainingStatus, domain: str) -> dict:
     return {"initial": history[0].domains[domain].success_rate,
             "final": statistics.fmean(m.domains[domain].success_rate for m in history[-3:]),
             "curve": [m.domains[domain].success_rate if domain in m.domains else None
-                      for m in status.history]}
+                      for m in status.history],
+            "episodes": [m.domains[domain].trajectories if domain in m.domains else 0
+                         for m in status.history]}
+
+
+def success_at_episodes(run: dict, domain: str, episodes: float, batch_size: int) -> float:
+    """A run's success on `domain` (mean of 3 iterations) where it had trained `episodes` of
+    it: one domain learning on half the data is compared with itself on as much data. Runs
+    recorded before episodes were counted trained `batch_size` of their one domain a step."""
+    curve = run["domains"][domain]
+    counts = curve.get("episodes") or [batch_size] * len(curve["curve"])
+    trained, end = 0, len(counts)
+    for k, count in enumerate(counts):
+        trained += count
+        if trained >= episodes:
+            end = k + 1
+            break
+    return statistics.fmean(s for s in curve["curve"][max(0, end - 3):end] if s is not None)
 
 
 async def main(args: argparse.Namespace) -> dict:
@@ -244,7 +266,8 @@ async def main(args: argparse.Namespace) -> dict:
                         results["modes"].setdefault(name, []).append(run)
                         progress.advance(task)
         if (args.multitask or args.multitask_only or args.smoke) and not args.scheduling_only:
-            results["multitask"] = await multitask(engine, base, args.smoke, seeds)
+            results["multitask"] = await multitask(engine, base, args.smoke, seeds,
+                                                   args.multitask_runs)
     finally:
         engine.shutdown()
         server.stop()
@@ -357,12 +380,23 @@ MULTITASK_HEADING = "## Two domains, one policy"
 
 def multitask_summary(multi: dict) -> dict:
     """Per domain: where it started (mean over the runs together), where it ended together and
-    alone (mean and range over the runs)."""
-    return {domain: {
-        "initial": statistics.fmean(run["domains"][domain]["initial"] for run in multi["both"]),
-        "together": spread([run["domains"][domain]["final"] for run in multi["both"]]),
-        "alone": spread([run["domains"][domain]["final"] for run in multi[domain]])}
-        for domain in multi["both"][0]["domains"]}
+    alone, and alone once it had trained as many of its episodes as it did together (mean and
+    range over the runs)."""
+    batch_size = tomllib.loads(MULTITASK.read_text())["algorithm"]["batch_size"]
+    summary = {}
+    for domain in multi["both"][0]["domains"]:
+        episodes = statistics.fmean(sum(run["domains"][domain].get("episodes") or [0])
+                                    for run in multi["both"])
+        summary[domain] = {
+            "initial": statistics.fmean(run["domains"][domain]["initial"]
+                                        for run in multi["both"]),
+            "together": spread([run["domains"][domain]["final"] for run in multi["both"]]),
+            "alone": spread([run["domains"][domain]["final"] for run in multi[domain]]),
+            "episodes_together": episodes,
+            "alone_at_those_episodes": spread([
+                success_at_episodes(run, domain, episodes, batch_size)
+                for run in multi[domain]]) if episodes else None}
+    return summary
 
 
 def multitask_lines(multi: dict) -> list[str]:
@@ -372,16 +406,22 @@ def multitask_lines(multi: dict) -> list[str]:
     lines = [MULTITASK_HEADING, "",
              f"`examples/multitask.toml` as written (batch {example['batch_size']}, "
              f"{iterations} iterations, loss aggregation "
-             f"{example.get('loss_aggregation', 'token_mean')}, no injected latency), both "
+             f"{example.get('loss_aggregation', 'token_mean')}, domain sampling "
+             f"{example.get('domain_sampling', 'weight')}, no injected latency), both "
              f"domains with one policy and each domain alone, {runs} runs each; success is the "
              "mean over the last 3 iterations, as mean (min-max) over the runs (learning "
-             "figures). Curves: `results/multitask.png`.", "",
-             "| domain | start (together) | end, together | end, alone |", "|---|---|---|---|"]
+             "figures). Curves: `results/multitask.png`. The last column is each domain alone "
+             "at the iteration where it had trained as many of its episodes as it did "
+             "together over the whole run.", "",
+             "| domain | start (together) | end, together | end, alone | episodes together "
+             "| alone at those episodes |", "|---|---|---|---|---|---|"]
 
     def fmt(s: dict) -> str:
         return f"{s['mean']:.2f} ({s['min']:.2f}-{s['max']:.2f})"
 
-    lines += [f"| {d} | {r['initial']:.2f} | {fmt(r['together'])} | {fmt(r['alone'])} |"
+    lines += [f"| {d} | {r['initial']:.2f} | {fmt(r['together'])} | {fmt(r['alone'])} "
+              f"| {r['episodes_together']:.0f} | "
+              f"{fmt(r['alone_at_those_episodes']) if r['alone_at_those_episodes'] else '-'} |"
               for d, r in multitask_summary(multi).items()]
     return lines
 
@@ -414,12 +454,13 @@ def plot_multitask(multi: dict, out: Path) -> None:
 
 
 def report_multitask_only(results: dict) -> None:
-    multi = results["multitask"]
-    summary = multitask_summary(multi)
-    console.print(summary)
+    """Merged into the recorded JSON: the runs not rerun (--multitask-runs) stay as recorded."""
     here = Path(__file__).parent
     out = here / "results" / "async_vs_sync.json"
     recorded = json.loads(out.read_text())
+    multi = {**recorded.get("multitask", {}), **results["multitask"]}
+    summary = multitask_summary(multi)
+    console.print(summary)
     recorded["multitask_final_success"] = summary
     recorded["multitask"] = multi
     out.write_text(json.dumps(recorded, indent=2) + "\n")
@@ -529,6 +570,9 @@ if __name__ == "__main__":
                         help="also train examples/multitask.toml and each of its domains alone")
     parser.add_argument("--multitask-only", action="store_true",
                         help="only the multitask comparison; merged into the recorded JSON")
+    parser.add_argument("--multitask-runs", nargs="+", choices=list(MULTITASK_RUNS),
+                        default=list(MULTITASK_RUNS), help="with --multitask-only: rerun only "
+                        "these; the others stay as recorded")
     parser.add_argument("--scheduling-only", action="store_true",
                         help="only the scheduling comparison; merged into the recorded JSON")
     parser.add_argument("--out", help="write the summary here instead of results/ (experiments)")

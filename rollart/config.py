@@ -227,6 +227,14 @@ class AlgorithmConfig(StrictModel):
         "over episodes (every episode weighs the same); signal_token_mean: over the tokens of "
         "episodes whose advantage is not zero (a solved domain's groups do not dilute the "
         "others').")
+    domain_sampling: Literal["weight", "signal"] = Field(
+        "weight", description="How new groups are shared among domains. weight: by the "
+        "domains' weights; signal: by weight times the share of each domain's recent trained "
+        "groups whose rewards differed (the groups that teach), so a solved domain's share goes "
+        "to the others; each keeps domain_signal_floor of its weight.")
+    domain_signal_floor: float = Field(
+        0.1, gt=0, le=1, description="domain_sampling signal: the least share of its weight a "
+        "domain keeps, however little its groups teach.")
     minibatches: int = Field(2, ge=1)
     epochs: int = Field(
         4, ge=1, description="Passes over the batch per train step (PPO's epochs): each pass "

@@ -1,11 +1,14 @@
 """The sample buffer's staleness rule and accounting, driven without a server."""
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rollart.contracts import TrajectoryResult
 from rollart.workflows.buffer import (
+    SIGNAL_WINDOW,
     Decision,
+    DomainMix,
     SampleBuffer,
     admissible,
     groups_to_start,
@@ -220,3 +223,36 @@ def test_domains_take_their_share_of_every_batch():
         window = order[end - 4:end]
         assert sorted(window) == ["code", "code", "lake", "math"], window
     assert next_domain({"only": 0.5}, {"only": 7}) == "only"
+
+
+def test_domain_mix_follows_the_signal_and_keeps_a_floor():
+    mix = DomainMix()
+    weights = {"lake": 1.0, "math": 1.0}
+    assert mix.shares(weights, 0.1) == {"lake": 0.5, "math": 0.5}  # nothing trained yet
+    for _ in range(SIGNAL_WINDOW):
+        mix.observe("lake", [1.0, 1.0, 1.0, 1.0])  # solved: every member scored the same
+        mix.observe("math", [0.0, 1.0, 0.0, 0.0])
+    shares = mix.shares(weights, 0.1)
+    assert shares["lake"] == pytest.approx(0.1 / 1.1)
+    assert shares["math"] == pytest.approx(1.0 / 1.1)
+    mix.observe("lake", [0.0, 1.0, 1.0, 1.0])  # it regressed: one differing group counts
+    assert mix.shares(weights, 0.1)["lake"] == pytest.approx(0.1 / 1.1)  # floor still above 1/16
+    for _ in range(SIGNAL_WINDOW // 2):
+        mix.observe("lake", [0.0, 1.0, 1.0, 1.0])
+    assert mix.shares(weights, 0.1)["lake"] > 0.3  # the window forgets the solved groups
+
+
+def test_domain_mix_draws_within_one_group_of_its_shares():
+    mix = DomainMix()
+    weights = {"lake": 1.0, "math": 1.0, "code": 2.0}
+    order = [mix.next_domain(weights, 0.1) for _ in range(40)]
+    for end in range(4, 41, 4):  # before any signal: the weights, as next_domain draws them
+        assert sorted(order[end - 4:end]) == ["code", "code", "lake", "math"]
+    for _ in range(SIGNAL_WINDOW):
+        mix.observe("code", [1.0] * 4)
+        mix.observe("lake", [0.0, 1.0, 1.0, 0.0])
+        mix.observe("math", [0.0, 1.0, 1.0, 0.0])
+    shares = mix.shares(weights, 0.1)
+    drawn = [mix.next_domain(weights, 0.1) for _ in range(120)]
+    for name, share in shares.items():
+        assert abs(drawn.count(name) - share * 120) <= 1, (name, drawn.count(name), share)

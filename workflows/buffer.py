@@ -63,6 +63,48 @@ def next_domain(weights: dict[str, float], started: dict[str, int]) -> str:
     return max(weights, key=lambda name: weights[name] / total * after - started.get(name, 0))
 
 
+SIGNAL_WINDOW = 16
+
+
+class DomainMix(BaseModel):
+    """Domain shares that follow where the learning signal is (`domain_sampling = "signal"`):
+    a group whose members all scored the same teaches nothing, so a domain the policy solved (or
+    cannot yet score on) gives its share of new groups to those whose groups still differ.
+    Measured on examples/multitask.toml: once FrozenLake was solved, its half of every batch
+    carried no signal while arithmetic learned per episode exactly as it does alone, only on
+    half the episodes. A domain keeps `floor` of its weight, so a regression is still seen."""
+
+    recent: dict[str, list[bool]] = Field(default_factory=dict, description="Domain -> whether "
+                                          f"each of its last {SIGNAL_WINDOW} trained groups "
+                                          "carried a signal.")
+    credit: dict[str, float] = Field(default_factory=dict)
+
+    def observe(self, domain: str, rewards: list[float]) -> None:
+        signal = len(set(rewards)) > 1
+        self.recent[domain] = (self.recent.get(domain, []) + [signal])[-SIGNAL_WINDOW:]
+
+    def shares(self, weights: dict[str, float], floor: float) -> dict[str, float]:
+        """Each domain's share of new groups: its weight times its recent signal share (1 until
+        a group of it was trained), at least `floor` of its weight; summing to 1."""
+        raw = {}
+        for name, weight in weights.items():
+            seen = self.recent.get(name)
+            signal = sum(seen) / len(seen) if seen else 1.0
+            raw[name] = weight * max(signal, floor)
+        total = sum(raw.values())
+        return {name: value / total for name, value in raw.items()}
+
+    def next_domain(self, weights: dict[str, float], floor: float) -> str:
+        """Smooth weighted round robin over the current shares: every group adds each domain's
+        share to its credit and goes to the most credited (ties to the first), so any run of
+        groups is within one group of the shares even as they move."""
+        for name, share in self.shares(weights, floor).items():
+            self.credit[name] = self.credit.get(name, 0.0) + share
+        chosen = max(weights, key=lambda name: self.credit[name])
+        self.credit[chosen] -= 1.0
+        return chosen
+
+
 class Group(BaseModel):
     group_id: str
     order: int = Field(description="Start order across the run.")

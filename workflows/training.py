@@ -54,7 +54,13 @@ with workflow.unsafe.imports_passed_through():
     from rollart.queues import admin_queue, pool_queue, replica_queue
     from rollart.search_attributes import of_trajectory
     from rollart.workflows.batch_rollout import BatchRolloutWorkflow
-    from rollart.workflows.buffer import Group, SampleBuffer, groups_to_start, next_domain
+    from rollart.workflows.buffer import (
+        DomainMix,
+        Group,
+        SampleBuffer,
+        groups_to_start,
+        next_domain,
+    )
     from rollart.workflows.profiler import Accelerator, Profiler
     from rollart.workflows.scheduling import batch_rollout, remember_steps
     from rollart.workflows.trajectory import DONE_SIGNAL, TrajectoryWorkflow
@@ -96,6 +102,7 @@ class TrainingState(BaseModel):
     batching: bool = Field(False, description="Whether the supply last started a batch.")
     domain_groups: dict[str, int] = Field(default_factory=dict, description="Groups started, "
                                           "by domain.")
+    domain_mix: DomainMix = Field(default_factory=DomainMix)
     exported: Ledger = Field(default_factory=Ledger, description="The ledger as the metrics "
                              "counted it last.")
     failure_totals: dict[str, int] = Field(default_factory=dict, description="The run's "
@@ -310,7 +317,9 @@ class TrainingWorkflow:
         algo, state = cfg.algorithm, self.state
         rng = workflow.random()
         weights = {name: d.weight for name, d in cfg.domains.items()}
-        if workflow.patched(BALANCED_DOMAINS):
+        if algo.domain_sampling == "signal":
+            domain = state.domain_mix.next_domain(weights, algo.domain_signal_floor)
+        elif workflow.patched(BALANCED_DOMAINS):
             domain = next_domain(weights, state.domain_groups)
         else:
             domain = rng.choices(list(weights), weights=list(weights.values()))[0]
@@ -348,6 +357,9 @@ class TrainingWorkflow:
         started = workflow.now()
         groups = await self._get_batch(algo)
         batch_ready = workflow.now()
+        for group in groups:
+            state.domain_mix.observe(group.completed[0].domain,
+                                     [r.reward for r in group.completed])
         self.training = True
         try:
             kept = [r for g in groups for r in g.completed]
