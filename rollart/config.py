@@ -30,9 +30,14 @@ class ModelConfig(StrictModel):
 
 class EngineConfig(StrictModel):
     max_model_len: int = Field(512, ge=16)
-    kv_cache_mib: int = Field(256, ge=16, description="KV cache size per replica (MiB).")
+    kv_cache_mib: int = Field(256, ge=16, description="KV cache size per replica (MiB; per "
+                              "rank, with tensor parallelism).")
     max_num_seqs: int = Field(128, ge=1)
     enforce_eager: bool = True
+    dtype: Literal["float32", "bfloat16", "float16"] = Field(
+        "float32", description="The engine's compute dtype. The trainer computes in float32; "
+        "a half-precision engine samples under logprobs a little off the trainer's, which the "
+        "importance ratio (algorithm.tis_cap) corrects. bfloat16 is what GPU fleets use.")
     start_method: Literal["fork", "spawn"] = Field(
         "fork", description="How the engine core process starts. fork: a copy of the "
         "generation worker, which has imported vLLM already (measured on 2 cores: first token "
@@ -503,6 +508,10 @@ class PoolConfig(StrictModel):
         None, description="reward pools with a model: serve the judge on this gen pool's "
         "replicas instead of workers of its own (the judge's requests share the replicas' "
         "steps; simulated compute only).")
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64, description="gen pools: devices each replica's engine shards its model "
+        "over (vLLM tensor parallelism; the model's attention and KV heads must divide by it). "
+        "On CPU each rank gets its own cores (VLLM_CPU_OMP_THREADS_BIND overrides).")
     concurrency: int | None = Field(
         None, ge=1, le=4096, description="env and reward pools: activities each worker runs "
         "at once, the rest wait in the queue (None: env 64, reward 16; remote rewards are "
@@ -524,6 +533,9 @@ class PoolConfig(StrictModel):
         if self.model is not None and self.role != "reward":
             raise ValueError(f"pools: {self.role} pool {self.name!r} has a model; only reward "
                              "pools serve a judge (gen pools serve the policy)")
+        if self.tensor_parallel_size > 1 and self.role != "gen":
+            raise ValueError(f"pools: {self.role} pool {self.name!r} sets tensor_parallel_size; "
+                             "only gen pools shard their engine")
         if self.colocate_with is not None and self.model is None:
             raise ValueError(f"pools: reward pool {self.name!r} colocates a judge with gen pool "
                              f"{self.colocate_with!r} but has no model")
@@ -646,6 +658,11 @@ class RunConfig(StrictModel):
             raise ValueError(f"trainer.pool: unknown train pool {self.trainer.pool!r}")
         if self.simulation.enabled:
             for p in self.pools:
+                if p.tensor_parallel_size > 1:
+                    raise ValueError(
+                        f"pools: gen pool {p.name!r} sets tensor_parallel_size with simulated "
+                        "compute, which prices a replica by its hardware label; describe the "
+                        "whole tensor-parallel group's rates under that label instead")
                 if (p.role == "gen" or (p.model and not p.colocate_with)) and (
                     p.hardware not in self.simulation.hardware):
                     raise ValueError(

@@ -17,3 +17,11 @@ def test_multitask_example_is_valid():
     config = load_config(EXAMPLES / "multitask.toml")
     assert set(config.domains) == {"frozenlake", "arithmetic"}
     assert {p.hardware for p in config.pools if p.role == "gen"} == {"h800", "h20"}
+
+
+def test_tensor_parallel_example_is_the_default_with_sharded_replicas():
+    config, default = load_config(EXAMPLES / "tensor_parallel.toml"), RunConfig()
+    assert config.pool("gen", "cpu").tensor_parallel_size == 2
+    assert config.model_dump(exclude={"pools"}) == default.model_dump(exclude={"pools"})
+    assert [p.model_dump(exclude={"tensor_parallel_size"}) for p in config.pools] == [
+        p.model_dump(exclude={"tensor_parallel_size"}) for p in default.pools]

@@ -71,7 +71,10 @@ def test_the_fleet_matches_its_run_config():
         pod = doc["spec"]["template"]["spec"]
         if spec.hardware != "cpu":  # a GPU pool: on its GPU type, with GPUs requested
             assert pod["nodeSelector"]["nvidia.com/gpu.product"].endswith(spec.hardware.upper())
-            assert int(pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"]) >= 1
+            gpus = int(pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"])
+            assert gpus >= 1
+            if role == "gen":  # one GPU per tensor-parallel rank
+                assert gpus == spec.tensor_parallel_size
     declared = {("control", None)} | {(p.role, p.name) for p in config.pools}
     assert set(served) == declared
     for doc, _ in workers():

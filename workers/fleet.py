@@ -246,8 +246,10 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
                                          config.pool("gen", pool).hardware,
                                          seed=config.model.seed + replica)
         else:
+            spec = config.pool("gen", pool)
             gen_engine = PolicyEngine(model_path, config.engine, seed=config.model.seed + replica,
-                                      speculation=config.pool("gen", pool).speculation)
+                                      speculation=spec.speculation,
+                                      tensor_parallel_size=spec.tensor_parallel_size)
         if engine is None:
             closers.append(gen_engine.shutdown)
             # before the weight backends open: a forked engine core inherits none of them

@@ -49,27 +49,65 @@ class _InFlight:
 
 
 START_METHOD = "VLLM_WORKER_MULTIPROC_METHOD"
+CPU_BINDING = "VLLM_CPU_OMP_THREADS_BIND"
+
+
+def cpu_thread_binding(ranks: int, cpus: list[int]) -> str:
+    """vLLM's per-rank core lists (`0,1|2,3`): the cores split evenly, ranks sharing cores when
+    there are fewer cores than ranks. Its own default binds each rank to a NUMA node of its
+    own and refuses to start a tensor-parallel engine on a one-node machine."""
+    per_rank = max(1, len(cpus) // ranks)
+    groups = [cpus[r * per_rank:(r + 1) * per_rank] if len(cpus) >= ranks
+              else [cpus[r % len(cpus)]] for r in range(ranks)]
+    return "|".join(",".join(map(str, group)) for group in groups)
 
 
 @contextlib.contextmanager
-def _engine_core_environment() -> Iterator[None]:
-    """While the engine core starts: the model runs in its own process ("uni"), which vLLM's
-    CPU platform allows only with multiprocessing off (AsyncLLM still runs the engine core
-    apart from this process); otherwise it forces a separate worker process, whose
+def _queue_readers_wait_idle() -> Iterator[None]:
+    """The ranks of a tensor-parallel engine read their work from shared-memory queues whose
+    readers spin for a second after every message before they wait on a socket; on CPU those
+    spinning readers take the cores the ranks compute on (measured on 2 cores: 250 ms of CPU per
+    turn per rank). Processes forked meanwhile wait on the socket at once."""
+    from vllm.distributed.device_communicators.shm_broadcast import SpinCondition
+
+    defaults = SpinCondition.__init__.__defaults__
+    SpinCondition.__init__.__defaults__ = (0.0,)
+    try:
+        yield
+    finally:
+        SpinCondition.__init__.__defaults__ = defaults
+
+
+@contextlib.contextmanager
+def _engine_core_environment(tensor_parallel_size: int) -> Iterator[None]:
+    """While the engine core starts: one model runs in the engine core's process ("uni"),
+    which vLLM's CPU platform allows only with multiprocessing off (AsyncLLM still runs the
+    engine core apart from this process); otherwise it forces a separate worker process, whose
     shared-memory queue busy-loops after every message and whose start costs ~15 s. One OpenMP
-    thread, as that worker was bound to one core. Restored after, so processes this one starts
-    later do not inherit them. The engine core learns its parent's pid, to exit when this
-    process dies (rollart.policy.vllm_plugin); the start method vLLM sets is restored too."""
-    values = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "OMP_NUM_THREADS": "1",
-              PARENT_ENV: str(os.getpid())}
+    thread, as that worker was bound to one core. A tensor-parallel engine needs its worker
+    processes ("mp"), and on CPU each rank bound to cores of its own. Restored after, so
+    processes this one starts later do not inherit them. The engine core learns its parent's
+    pid, to exit when this process dies (rollart.policy.vllm_plugin); the start method vLLM
+    sets is restored too."""
     import torch
+    from vllm.platforms import current_platform
+
+    stack = contextlib.ExitStack()
+    values = {"OMP_NUM_THREADS": "1", PARENT_ENV: str(os.getpid())}
+    if tensor_parallel_size == 1:
+        values["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    elif current_platform.is_cpu():
+        if CPU_BINDING not in os.environ:
+            values[CPU_BINDING] = cpu_thread_binding(tensor_parallel_size,
+                                                     sorted(os.sched_getaffinity(0)))
+        stack.enter_context(_queue_readers_wait_idle())
 
     before = {name: os.environ.get(name) for name in [*values, START_METHOD]}
     threads = torch.get_num_threads()
     os.environ.update(values)
     torch.set_num_threads(1)  # a forked engine core keeps this; OMP_NUM_THREADS came too late
     try:
-        with forked_children_exit_with_this_process():
+        with stack, forked_children_exit_with_this_process():
             yield
     finally:
         torch.set_num_threads(threads)
@@ -82,9 +120,11 @@ def _engine_core_environment() -> Iterator[None]:
 
 class PolicyEngine:
     def __init__(self, model_path: str, config: EngineConfig, seed: int = 0,
-                 speculation: SpeculationConfig | None = None) -> None:
+                 speculation: SpeculationConfig | None = None,
+                 tensor_parallel_size: int = 1) -> None:
         self.model_path = model_path
         self.config = config
+        self.tensor_parallel_size = tensor_parallel_size
         self.seed = seed
         self.speculation = speculation
         self.speculating = speculation is not None
@@ -105,7 +145,7 @@ class PolicyEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         args = AsyncEngineArgs(
             model=self.model_path,
-            dtype="float32",
+            dtype=self.config.dtype,
             seed=self.seed,
             max_model_len=self.config.max_model_len,
             max_num_seqs=self.config.max_num_seqs,
@@ -115,10 +155,11 @@ class PolicyEngine:
             logprobs_mode="processed_logprobs",
             disable_log_stats=True,
             worker_extension_cls="rollart.policy.vllm_extension.WorkerExtension",
-            distributed_executor_backend="uni",
+            tensor_parallel_size=self.tensor_parallel_size,
+            distributed_executor_backend="uni" if self.tensor_parallel_size == 1 else "mp",
             speculative_config=self.speculation.vllm_config() if self.speculation else None,
         )
-        with _engine_core_environment():
+        with _engine_core_environment(self.tensor_parallel_size):
             vllm_config = args.create_engine_config()
             os.environ[START_METHOD] = self.config.start_method  # the CPU platform set spawn
             self.llm = AsyncLLM.from_vllm_config(vllm_config, disable_log_stats=True)
