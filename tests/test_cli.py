@@ -36,6 +36,28 @@ def test_an_iteration_is_one_plain_line_in_a_log():
     assert "\n" not in line
 
 
+def test_without_vllm_a_run_says_which_build_to_install(tmp_path, monkeypatch):
+    hide_vllm = ("import sys; sys.modules['vllm'] = None; "
+                 "from rollart.workers.cli import main; sys.exit(main())")
+    result = subprocess.run([sys.executable, "-c", hide_vllm, "train", "--run-dir",
+                             str(tmp_path / "run")], capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0 and "Traceback" not in result.stderr, result.stderr
+    assert "vLLM is not installed" in result.stderr and "'rollart[gpu]'" in result.stderr
+
+    from rollart.config import RunConfig
+    from rollart.workers.cli import _check_engine_installed
+
+    monkeypatch.setitem(sys.modules, "vllm", None)
+    with pytest.raises(SystemExit, match="vLLM is not installed"):
+        _check_engine_installed(RunConfig(), "gen")
+    _check_engine_installed(RunConfig(), "env")  # env, train and reward workers run without it
+    _check_engine_installed(RunConfig(), "reward")
+    simulated = RunConfig.model_validate({"simulation": {"enabled": True}, "pools": [
+        {"name": "cpu", "role": role} for role in ("env", "reward", "train")] + [
+        {"name": "cpu", "role": "gen", "hardware": "h800"}]})
+    _check_engine_installed(simulated)
+
+
 @pytest.mark.parametrize(("args", "words"), [
     (["train", "--config", "/nonexistent/run.toml"],
      "--config: cannot read /nonexistent/run.toml: No such file or directory"),

@@ -91,6 +91,19 @@ def _check_env_name(config: RunConfig) -> None:
                              f"{domain.env!r}; registered: {registered_envs()}")
 
 
+def _check_engine_installed(config: RunConfig, role: str | None = None) -> None:
+    """Real generation replicas and judges run vLLM, which is an extra of its own (its CPU and
+    CUDA builds cannot both be installed); say which to install before any process starts."""
+    import importlib.util
+
+    needs = not config.simulation.enabled and role in (None, "gen", "reward") and (
+        role != "reward" or any(p.model for p in config.pools if p.role == "reward"))
+    if needs and importlib.util.find_spec("vllm") is None:
+        raise SystemExit("vLLM is not installed, and generation replicas run it: pip install "
+                         "'rollart[cpu]' (its CPU build) or 'rollart[gpu]' (its CUDA build); "
+                         "scripts/dev setup installs the CPU one, ROLLART_ENGINE=gpu the other")
+
+
 def _write_config(config: RunConfig) -> Path:
     run_dir = Path(config.run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
@@ -149,6 +162,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                              f"stopped first); resume it with: rollart train --resume "
                              f"{config.run_dir}  (or choose another --run-dir)")
     _check_env_name(config)
+    _check_engine_installed(config)
     _stop_on_sigterm()
     run_dir = Path(config.run_dir)
     with console.status("preparing the policy model"):
@@ -258,6 +272,7 @@ def cmd_stack(args: argparse.Namespace) -> int:
 
     config = _config(args)
     _check_env_name(config)
+    _check_engine_installed(config)
     _stop_on_sigterm()
     config_file = _write_config(config)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
@@ -280,6 +295,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from rollart.workers.fleet import run_worker
 
     config = _config(args)
+    _check_engine_installed(config, args.role)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
 
     async def main():
