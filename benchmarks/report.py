@@ -9,10 +9,11 @@ from pathlib import Path
 HERE = Path(__file__).parent
 
 
-def save(name: str, results: dict, title: str, command: str, body: list[str]) -> None:
+def save(name: str, results: dict, title: str, command: str, body: list[str],
+         machine: str = "2-core x86_64, no GPU") -> None:
     out = HERE / "results" / f"{name}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(results, indent=2) + "\n")
     (HERE / f"{name}.md").write_text(
-        f"# {title}\n\nCommand: `{command}` ({time.strftime('%Y-%m-%d')}, 2-core x86_64, "
-        "no GPU).\n\n" + "\n".join(body) + "\n")
+        f"# {title}\n\nCommand: `{command}` ({time.strftime('%Y-%m-%d')}, {machine}).\n\n"
+        + "\n".join(body) + "\n")
