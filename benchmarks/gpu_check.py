@@ -10,9 +10,10 @@ sampled tokens, float32); rollart has no megatron-core backend yet, so the JSON 
 megatron-core is importable and that it was not checked.
 
 Run: .venv/bin/python benchmarks/gpu_check.py [--model DIR] [--tensor-parallel-size N]
-     [--dtype float32|bfloat16] [--smoke]
+     [--dtype float32|bfloat16] [--smoke] [--out FILE]
 (writes results/gpu_check.json and gpu_check.md beside this file when a CUDA device ran it;
---smoke: two prompts, nothing written; exit status 1 when the logprobs disagree)
+--smoke: two prompts, nothing written; --out: the JSON to FILE instead; exit status 1 when the
+logprobs disagree)
 """
 
 from __future__ import annotations
@@ -21,9 +22,11 @@ import argparse
 import asyncio
 import importlib.metadata
 import importlib.util
+import json
 import platform
 import sys
 import time
+from pathlib import Path
 
 import torch
 from report import save
@@ -73,11 +76,9 @@ def gap(samples, model, prompts, device: str) -> float:
 
 
 def train_step(model, prompts, samples, device: str) -> float:
-    """One AdamW step of REINFORCE on the samples, longer answers rewarded: a real change of
-    every weight, as a GRPO step makes."""
-    lengths = torch.tensor([len(s.token_ids) for s in samples], dtype=torch.float32)
-    advantages = (lengths - lengths.mean()) / (lengths.std() + 1e-6) + torch.linspace(-1, 1,
-                                                                                       len(samples))
+    """One AdamW step of REINFORCE on the samples with advantages spread over [-1, 1]: a real
+    change of every weight, as a GRPO step makes."""
+    advantages = torch.linspace(-1, 1, len(samples))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
     loss = torch.zeros((), device=device)
     for prompt, sample, advantage in zip(prompts, samples, advantages.tolist(), strict=True):
@@ -155,6 +156,8 @@ def main() -> int:
     parser.add_argument("--prompts", type=int, default=4, choices=range(1, len(BOARDS) + 1))
     parser.add_argument("--max-tokens", type=int, default=16)
     parser.add_argument("--smoke", action="store_true")
+    parser.add_argument("--out", type=Path, help="write the results JSON here instead of "
+                        "recording them under results/")
     args = parser.parse_args()
     if args.smoke:
         args.prompts, args.max_tokens = 2, 4
@@ -169,7 +172,9 @@ def main() -> int:
         value = results[key]
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
     console.print(table)
-    if results["cuda"] and not args.smoke:
+    if args.out is not None:
+        args.out.write_text(json.dumps(results, indent=2) + "\n")
+    elif results["cuda"] and not args.smoke:
         command = "python benchmarks/gpu_check.py " + " ".join(sys.argv[1:])
         save("gpu_check", results, "Generation path on a GPU", command.strip(),
              [f"Device: {results['device']}; versions {results['versions']}.", "",

@@ -18,10 +18,12 @@ ROOT = Path(__file__).parent.parent
 @pytest.mark.slow
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device on this machine")
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_generation_on_the_gpu_agrees_with_the_trainer_after_an_update(dtype):
-    process = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--dtype", dtype],
-                             cwd=ROOT, timeout=600)
-    results = json.loads((ROOT / "benchmarks" / "results" / "gpu_check.json").read_text())
-    assert process.returncode == 0 and results["agree"] and results["cuda"]
+def test_generation_on_the_gpu_agrees_with_the_trainer_after_an_update(dtype, tmp_path):
+    out = tmp_path / "gpu_check.json"
+    process = subprocess.run([sys.executable, "benchmarks/gpu_check.py", "--dtype", dtype,
+                              "--out", str(out)], cwd=ROOT, timeout=600)
+    assert process.returncode == 0
+    results = json.loads(out.read_text())
+    assert results["agree"] and results["cuda"]
     assert results["dtype"] == dtype
     assert results["max_logprob_gap_after_update_vs_old_weights"] > results["tolerance"]

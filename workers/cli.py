@@ -96,9 +96,9 @@ def _check_engine_installed(config: RunConfig, role: str | None = None) -> None:
     CUDA builds cannot both be installed); say which to install before any process starts."""
     import importlib.util
 
-    needs = not config.simulation.enabled and role in (None, "gen", "reward") and (
-        role != "reward" or any(p.model for p in config.pools if p.role == "reward"))
-    if needs and importlib.util.find_spec("vllm") is None:
+    judges = any(p.model for p in config.pools if p.role == "reward")
+    runs_vllm = {None: True, "gen": True, "reward": judges}.get(role, False)
+    if runs_vllm and not config.simulation.enabled and importlib.util.find_spec("vllm") is None:
         raise SystemExit("vLLM is not installed, and generation replicas run it: pip install "
                          "'rollart[cpu]' (its CPU build) or 'rollart[gpu]' (its CUDA build); "
                          "scripts/dev setup installs the CPU one, ROLLART_ENGINE=gpu the other")

@@ -99,7 +99,7 @@ def _engine_core_environment(tensor_parallel_size: int) -> Iterator[None]:
     import torch
     from vllm.platforms import current_platform
 
-    stack = contextlib.ExitStack()
+    readers = contextlib.nullcontext()
     values = {"OMP_NUM_THREADS": "1", PARENT_ENV: str(os.getpid())}
     if tensor_parallel_size == 1:
         values["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -107,14 +107,14 @@ def _engine_core_environment(tensor_parallel_size: int) -> Iterator[None]:
         if CPU_BINDING not in os.environ:
             values[CPU_BINDING] = cpu_thread_binding(tensor_parallel_size,
                                                      sorted(os.sched_getaffinity(0)))
-        stack.enter_context(_queue_readers_wait_idle())
+        readers = _queue_readers_wait_idle()
 
     before = {name: os.environ.get(name) for name in [*values, START_METHOD]}
     threads = torch.get_num_threads()
     os.environ.update(values)
     torch.set_num_threads(1)  # a forked engine core keeps this; OMP_NUM_THREADS came too late
     try:
-        with stack, forked_children_exit_with_this_process():
+        with readers, forked_children_exit_with_this_process():
             yield
     finally:
         torch.set_num_threads(threads)
