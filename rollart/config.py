@@ -339,6 +339,14 @@ class TrainerConfig(StrictModel):
         "on a live trainer; it heartbeats after every minibatch.")
     checkpoint_every: int = Field(
         10, ge=0, description="Save model and optimizer every this many versions (0: never).")
+    ranks: int = Field(
+        1, ge=1, description="Data-parallel ranks (processes) of the torch trainer. Above 1 the "
+        "model is sharded with FSDP2: each rank holds 1/ranks of weights, gradients and "
+        "optimizer state and takes the gradient of 1/ranks of each minibatch; the steps match "
+        "a single process's (tests/test_sharded_trainer.py).")
+    device: Literal["cpu", "cuda"] = Field(
+        "cpu", description="Where the trainer computes; with cuda, rank r uses cuda:r (NCCL "
+        "between ranks, gloo on cpu).")
 
 
 class Hardware(StrictModel):
@@ -657,6 +665,9 @@ class RunConfig(StrictModel):
         if ("train", self.trainer.pool) not in declared:
             raise ValueError(f"trainer.pool: unknown train pool {self.trainer.pool!r}")
         if self.simulation.enabled:
+            if self.trainer.ranks > 1:
+                raise ValueError("trainer.ranks: simulated compute prices the train step by "
+                                 "simulation's cost model, which holds no real trainer ranks")
             for p in self.pools:
                 if p.tensor_parallel_size > 1:
                     raise ValueError(

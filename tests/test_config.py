@@ -122,3 +122,10 @@ def test_a_judge_pool_is_checked_against_the_domains_and_gen_pools():
         pools=pools + [{**colocated, "model": None}])
     assert "only reward pools serve a judge" in field_errors(
         pools=[{**p, "model": "policy"} if p["role"] == "gen" else p for p in pools])
+
+
+def test_trainer_ranks_are_real_ranks():
+    assert load_config(None, **{"trainer.ranks": 2}).trainer.ranks == 2
+    assert "trainer.ranks" in field_errors(**{"trainer.ranks": 0})
+    message = field_errors(**{"trainer.ranks": 2, "simulation.enabled": True})
+    assert "trainer.ranks: simulated compute prices the train step" in message

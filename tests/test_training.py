@@ -71,14 +71,17 @@ async def test_async_run_trains_and_accounts_for_every_trajectory(temporal_serve
         assert metrics.ratio_max > 0
 
 
-async def test_sync_never_trains_on_an_older_version(temporal_server, engine, tmp_path):
+@pytest.mark.parametrize("ranks", [1, 2], ids=["one-trainer-rank", "two-fsdp-ranks"])
+async def test_sync_never_trains_on_an_older_version(temporal_server, engine, tmp_path, ranks):
+    """With two ranks too: the engine then serves what the sharded trainer gathered and
+    published, so the sampling policy is still the trainer's."""
     config = make_config(temporal_server, tmp_path, **{
         "algorithm.mode": "sync", "algorithm.group_size": 4, "algorithm.batch_size": 8,
-        "algorithm.iterations": 2, "algorithm.minibatches": 1,
+        "algorithm.iterations": 2, "algorithm.minibatches": 1, "trainer.ranks": ranks,
     })
     async with in_process_fleet(config, engine) as client:
         status = await client.execute_workflow(
-            TrainingWorkflow.run, TrainingInput(config=config), id="sync-train",
+            TrainingWorkflow.run, TrainingInput(config=config), id=f"sync-train-{ranks}",
             task_queue=config.temporal.control_queue, result_type=TrainingStatus,
         )
     assert status.alpha == 0

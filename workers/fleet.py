@@ -280,9 +280,17 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
             from rollart.simulation.trainer import SimulatedTrainer
 
             trainer = SimulatedTrainer(model_path, config.simulation, seed=config.model.seed)
+        elif config.trainer.ranks > 1:
+            from rollart.policy.sharded import ShardedTrainer
+
+            trainer = ShardedTrainer(model_path, config.algorithm.learning_rate,
+                                     seed=config.model.seed, threads=config.trainer.threads,
+                                     device=config.trainer.device, ranks=config.trainer.ranks)
+            closers.append(trainer.close)
         else:
             trainer = Trainer(model_path, config.algorithm.learning_rate,
-                              seed=config.model.seed, threads=config.trainer.threads)
+                              seed=config.model.seed, threads=config.trainer.threads,
+                              device=config.trainer.device)
         backends = _weight_backends(config, closers, lend=True)
         publisher = Publisher(*backends, config.weights_prefix, config.weights.bucket_mib)
         train = TrainActivities(trainer, publisher, Puller(*backends),

@@ -71,6 +71,22 @@ class LossStats:
     tokens: int
 
 
+def loss_normalizer(loss_mask: torch.Tensor, advantages: torch.Tensor,
+                    aggregation: str) -> float:
+    """What `clipped_policy_loss` divides a batch's summed loss by: its sampled tokens
+    (token_mean), its sequences that have any (sequence_mean), or its tokens of sequences with a
+    nonzero advantage (signal_token_mean); at least 1."""
+    if aggregation == "sequence_mean":
+        count = (loss_mask.sum(-1) > 0).sum()
+    elif aggregation == "token_mean":
+        count = loss_mask.sum()
+    elif aggregation == "signal_token_mean":
+        count = (loss_mask & (advantages != 0).expand_as(loss_mask)).sum()
+    else:
+        raise ValueError(f"unknown loss aggregation {aggregation!r}")
+    return float(max(int(count.item()), 1))
+
+
 def clipped_policy_loss(
     logprobs: torch.Tensor,
     old_logprobs: torch.Tensor,
@@ -80,6 +96,7 @@ def clipped_policy_loss(
     weights: torch.Tensor | None = None,
     aggregation: str = "token_mean",
     clip_eps_high: float | None = None,
+    normalizer: float | None = None,
 ) -> LossStats:
     """PPO's clipped surrogate against the old (pre-step) policy over sampled tokens only
     (`loss_mask` zeroes observation and padding tokens), each token scaled by its off-policy
@@ -91,7 +108,9 @@ def clipped_policy_loss(
     `signal_token_mean` averages over the tokens of sequences with a nonzero advantage only: a
     group whose members all scored the same teaches nothing, and under token_mean its tokens
     still shrink every other sequence's step (in a multitask batch where one domain is solved,
-    the other domain's steps shrank to its share of the batch's tokens)."""
+    the other domain's steps shrank to its share of the batch's tokens). A data-parallel rank
+    that holds some of a batch's rows passes the whole batch's `normalizer` (`loss_normalizer`),
+    so the ranks' losses sum to the batch's."""
     # Unsampled positions may hold -inf (tokens outside a constrained mask): zero them out.
     logprobs = logprobs.masked_fill(~loss_mask, 0.0)
     old_logprobs = old_logprobs.masked_fill(~loss_mask, 0.0)
@@ -103,17 +122,14 @@ def clipped_policy_loss(
     per_token = -torch.minimum(unclipped, clipped)
     tokens = int(loss_mask.sum().item())
     denominator = max(tokens, 1)
+    if normalizer is None:
+        normalizer = loss_normalizer(loss_mask, advantages, aggregation)
     if aggregation == "sequence_mean":
         lengths = loss_mask.sum(-1)
         per_sequence = (per_token * mask).sum(-1) / lengths.clamp(min=1)
-        loss = per_sequence[lengths > 0].sum() / max(int((lengths > 0).sum().item()), 1)
-    elif aggregation == "token_mean":
-        loss = (per_token * mask).sum() / denominator
-    elif aggregation == "signal_token_mean":
-        signal = loss_mask & (advantages != 0).expand_as(loss_mask)
-        loss = (per_token * mask).sum() / max(int(signal.sum().item()), 1)
+        loss = per_sequence[lengths > 0].sum() / normalizer
     else:
-        raise ValueError(f"unknown loss aggregation {aggregation!r}")
+        loss = (per_token * mask).sum() / normalizer
     was_clipped = (((ratio < 1 - clip_eps) | (ratio > 1 + high)) & loss_mask).float()
     return LossStats(loss, float(was_clipped.sum().item() / denominator), tokens)
 

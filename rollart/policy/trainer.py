@@ -9,7 +9,7 @@ import os
 import random
 import time
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from safetensors.torch import load as load_safetensors
@@ -20,6 +20,7 @@ from rollart.config import AlgorithmConfig
 from rollart.contracts import LearningStats, TrainResult, TrainSample
 from rollart.policy.grpo import (
     Correction,
+    LossStats,
     Scored,
     clipped_policy_loss,
     entropy,
@@ -78,12 +79,24 @@ class _Batch:
     old_entropy: torch.Tensor | None = None
     correction: Correction | None = None
 
+    def rows(self, index: list[int]) -> _Batch:
+        """These rows of the batch, with the pre-step figures the loss needs."""
+        def pick(tensor: torch.Tensor | None) -> torch.Tensor | None:
+            return None if tensor is None else tensor[index]
+
+        correction = (None if self.correction is None
+                      else replace(self.correction, weights=self.correction.weights[index]))
+        return _Batch(self.ids[index], self.attention[index], self.mask[index],
+                      self.behaviour[index], self.advantages[index], pick(self.allowed),
+                      pick(self.old), pick(self.old_entropy), correction)
+
 
 class Trainer:
     def __init__(self, model_path: str, learning_rate: float, seed: int = 0,
-                 threads: int | None = None) -> None:
+                 threads: int | None = None, device: str = "cpu") -> None:
         torch.set_num_threads(threads or max((os.cpu_count() or 2) // 2, 1))
         self.model_path, self.learning_rate, self.seed = model_path, learning_rate, seed
+        self.device = torch.device(device)
         self.reset()
 
     def reset(self) -> None:
@@ -94,6 +107,7 @@ class Trainer:
         self.rng = random.Random(self.seed)
         self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         self.model.train()
+        self._place_model()
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id or 0
         self.vocab_size = self.model.config.vocab_size
@@ -106,20 +120,15 @@ class Trainer:
                    algorithm: AlgorithmConfig, temperature: float,
                    heartbeat: Callable[[], None] = lambda: None) -> TrainResult:
         started = time.perf_counter()
+        result = self._train_groups(read_groups(store, samples), algorithm, temperature,
+                                    heartbeat)
+        return result.model_copy(update={"seconds": time.perf_counter() - started})
+
+    def _train_groups(self, groups: list[list[Sequence]], algorithm: AlgorithmConfig,
+                      temperature: float,
+                      heartbeat: Callable[[], None] = lambda: None) -> TrainResult:
         for group in self.optimizer.param_groups:
             group["lr"] = algorithm.learning_rate
-        advantages = group_advantages(
-            [Scored(s.trajectory_id, s.group_id, s.reward) for s in samples]
-        )
-        by_group: dict[str, list[Sequence]] = {}
-        for sample in samples:
-            records = store.read(sample.trajectory_id, sample.turns)
-            if not records:
-                raise ValueError(f"trajectory {sample.trajectory_id} has no stored turns")
-            by_group.setdefault(sample.group_id, []).append(
-                layout(records, advantages[sample.trajectory_id])
-            )
-        groups = list(by_group.values())
         self.rng.shuffle(groups)
         chunks = [groups[i::algorithm.minibatches] for i in range(algorithm.minibatches)]
         batches = [self._tensors([seq for group in chunk for seq in group], temperature)
@@ -129,13 +138,13 @@ class Trainer:
         # policy to it before any update.
         with torch.no_grad():
             for batch in batches:
-                batch.old, batch.old_entropy = self._logprobs(batch, temperature)
+                batch.old, batch.old_entropy = self._pre_step(batch, temperature)
                 batch.correction = off_policy_correction(
                     batch.old, batch.behaviour, batch.mask, algorithm.tis_cap,
                     algorithm.sequence_mask_threshold)
         heartbeat()
         entropy_coef = self._entropy_coef(batches, algorithm)
-        start = ([p.detach().clone() for p in self.model.parameters()]
+        start = ([p.detach().clone() for p in self._parameters()]
                  if algorithm.target_kl is not None else None)
 
         losses, clip_fractions, tokens, grad_norm, stepped = [], [], 0, 0.0, False
@@ -147,16 +156,8 @@ class Trainer:
                 losses.append(0.0)
                 clip_fractions.append(0.0)
                 continue
-            logprobs, token_entropy = self._logprobs(batch, temperature)
-            stats = clipped_policy_loss(logprobs, batch.old, batch.advantages, batch.mask,
-                                        algorithm.clip_eps, weights=batch.correction.weights,
-                                        aggregation=algorithm.loss_aggregation,
-                                        clip_eps_high=algorithm.clip_eps_high)
-            loss = stats.loss
-            if entropy_coef:
-                loss = loss - entropy_coef * _masked_mean(token_entropy, batch.mask)
             self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
+            stats = self._backward(batch, algorithm, temperature, entropy_coef)
             grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(),
                                                              algorithm.max_grad_norm))
             self.optimizer.step()
@@ -200,8 +201,30 @@ class Trainer:
             stale_token_share=stale / sampled,
             mixed_version_sequences=sum(len(set(v)) > 1 for v in sampled_versions),
             learning=learning,
-            seconds=time.perf_counter() - started,
+            seconds=0.0,  # the caller's: it reads the batch too
         )
+
+    def _backward(self, batch: _Batch, algorithm: AlgorithmConfig, temperature: float,
+                  entropy_coef: float) -> LossStats:
+        """The gradient of the minibatch's loss (and the entropy bonus), into `.grad`."""
+        logprobs, token_entropy = self._logprobs(batch, temperature)
+        stats = clipped_policy_loss(logprobs, batch.old, batch.advantages, batch.mask,
+                                    algorithm.clip_eps, weights=batch.correction.weights,
+                                    aggregation=algorithm.loss_aggregation,
+                                    clip_eps_high=algorithm.clip_eps_high)
+        loss = stats.loss
+        if entropy_coef:
+            loss = loss - entropy_coef * _masked_mean(token_entropy, batch.mask)
+        loss.backward()
+        return stats
+
+    def _place_model(self) -> None:
+        """Put the freshly loaded model where it trains, before its optimizer is made."""
+        self.model.to(self.device)
+
+    def _parameters(self) -> list[torch.nn.Parameter]:
+        """The weights the optimizer steps, to read or set in place."""
+        return list(self.model.parameters())
 
     def _entropy_coef(self, batches: list[_Batch], algorithm: AlgorithmConfig) -> float:
         """The entropy bonus's weight for this step. Under adaptive control (Skywork-OR1's) it
@@ -229,13 +252,16 @@ class Trainer:
                 if seq.allowed_ids is not None:
                     allowed[row] = False
                     allowed[row, seq.allowed_ids] = True
+        def tensor(values) -> torch.Tensor:
+            return torch.tensor(values, device=self.device)
+
         return _Batch(
-            ids=torch.tensor(pad([s.token_ids for s in sequences], self.pad_id)),
-            attention=torch.tensor(pad([[1] * len(s.token_ids) for s in sequences], 0)),
-            mask=torch.tensor(pad([s.loss_mask for s in sequences], False))[:, 1:],
-            behaviour=torch.tensor(pad([s.behaviour_logprobs for s in sequences], 0.0))[:, 1:],
-            advantages=torch.tensor([s.advantage for s in sequences])[:, None],
-            allowed=allowed,
+            ids=tensor(pad([s.token_ids for s in sequences], self.pad_id)),
+            attention=tensor(pad([[1] * len(s.token_ids) for s in sequences], 0)),
+            mask=tensor(pad([s.loss_mask for s in sequences], False))[:, 1:],
+            behaviour=tensor(pad([s.behaviour_logprobs for s in sequences], 0.0))[:, 1:],
+            advantages=tensor([s.advantage for s in sequences])[:, None],
+            allowed=None if allowed is None else allowed.to(self.device),
         )
 
     def _logprobs(self, batch: _Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -244,6 +270,10 @@ class Trainer:
         logits = self.model(input_ids=batch.ids, attention_mask=batch.attention).logits[:, :-1]
         log_p = sampling_log_distribution(logits, temperature, batch.allowed)
         return log_p.gather(-1, batch.ids[:, 1:].unsqueeze(-1)).squeeze(-1), entropy(log_p)
+
+    def _pre_step(self, batch: _Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
+        """The old policy's logprobs and entropies on the minibatch (no gradient)."""
+        return self._logprobs(batch, temperature)
 
     def _within_trust_region(self, batches: list[_Batch], temperature: float,
                              start: list[torch.Tensor], step_kl: float, target_kl: float,
@@ -261,7 +291,7 @@ class Trainer:
             shrink = max((target_kl / step_kl) ** 0.5, 0.05)
             kept *= shrink
             with torch.no_grad():
-                for parameter, before in zip(self.model.parameters(), start, strict=True):
+                for parameter, before in zip(self._parameters(), start, strict=True):
                     parameter.copy_(before + shrink * (parameter - before))
             step_kl = self._step_kl(batches, temperature)
         return step_kl, kept
@@ -272,17 +302,15 @@ class Trainer:
         total, tokens = 0.0, 0.0
         with torch.no_grad():
             for batch in batches:
-                new, _ = self._logprobs(batch, temperature)
-                log_ratio = (new - batch.old).masked_fill(~batch.mask, 0.0)
-                total += float(((log_ratio.exp() - 1 - log_ratio) * batch.mask).sum())
-                tokens += float(batch.mask.sum())
+                summed, count = k3_sums(self._logprobs(batch, temperature)[0], batch)
+                total, tokens = total + summed, tokens + count
         return total / max(tokens, 1.0)
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The weights an engine loads, by checkpoint name (a tied lm_head appears once, as the
         embeddings)."""
         for name, parameter in self.model.named_parameters():
-            yield name, parameter.detach()
+            yield name, parameter.detach().to("cpu")
 
     def save_checkpoint(self, blobs: BlobStore, prefix: str) -> str:
         """Model and optimizer at this version, then a pointer to it; returns the key prefix."""
@@ -290,7 +318,7 @@ class Trainer:
         blobs.put(f"{where}/model.safetensors", save_safetensors(
             {name: tensor.contiguous() for name, tensor in self.named_weights()}))
         buffer = io.BytesIO()
-        torch.save({"optimizer": self.optimizer.state_dict(), "version": self.version}, buffer)
+        torch.save({"optimizer": self._optimizer_state(), "version": self.version}, buffer)
         blobs.put(f"{where}/trainer.pt", buffer.getvalue())
         blobs.put(f"{prefix}/latest", str(self.version).encode())
         return where
@@ -312,8 +340,31 @@ class Trainer:
             raise FileNotFoundError(f"checkpoint {where} is incomplete")
         saved = torch.load(io.BytesIO(state), weights_only=True)
         self.load_weights(load_safetensors(model).items(), saved["version"])
-        self.optimizer.load_state_dict(saved["optimizer"])
+        self._load_optimizer_state(saved["optimizer"])
         return self.version
+
+    def _optimizer_state(self) -> dict:
+        """The optimizer's state, whole and keyed by parameter name, so a trainer of any rank
+        count can resume from it."""
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            get_optimizer_state_dict,
+        )
+
+        return get_optimizer_state_dict(self.model, self.optimizer, options=StateDictOptions(
+            full_state_dict=True, cpu_offload=True))
+
+    def _load_optimizer_state(self, state: dict) -> None:
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
+
+        if all(isinstance(key, int) for key in state["state"]):  # saved before names were kept
+            self.optimizer.load_state_dict(state)
+            return
+        set_optimizer_state_dict(self.model, self.optimizer, state,
+                                 options=StateDictOptions(full_state_dict=True))
 
     def load_weights(self, tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Take these weights (every trainable tensor, by name) as `version`."""
@@ -324,6 +375,31 @@ class Trainer:
                     raise KeyError(f"weights of version {version} lack {name}")
                 parameter.copy_(named[name])
         self.version = version
+
+
+def read_groups(store: TrajectoryStore, samples: list[TrainSample]) -> list[list[Sequence]]:
+    """The batch's trajectories from the store, laid out with their group advantages, by group
+    in the order they first appear."""
+    advantages = group_advantages(
+        [Scored(s.trajectory_id, s.group_id, s.reward) for s in samples]
+    )
+    by_group: dict[str, list[Sequence]] = {}
+    for sample in samples:
+        records = store.read(sample.trajectory_id, sample.turns)
+        if not records:
+            raise ValueError(f"trajectory {sample.trajectory_id} has no stored turns")
+        by_group.setdefault(sample.group_id, []).append(
+            layout(records, advantages[sample.trajectory_id])
+        )
+    return list(by_group.values())
+
+
+def k3_sums(new: torch.Tensor, batch: _Batch) -> tuple[float, float]:
+    """The k3 estimate of KL(pre-step || `new`) summed over the batch's sampled tokens, and
+    how many there are."""
+    log_ratio = (new - batch.old).masked_fill(~batch.mask, 0.0)
+    return (float(((log_ratio.exp() - 1 - log_ratio) * batch.mask).sum()),
+            float(batch.mask.sum()))
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

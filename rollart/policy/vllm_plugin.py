@@ -28,7 +28,7 @@ _hooked: set[int] = set()
 def exit_with_parent() -> None:
     parent = os.environ.get(PARENT_ENV)
     if parent is not None and int(parent) != os.getpid():
-        _start_watch(int(parent))
+        exit_with(int(parent))
 
 
 @contextlib.contextmanager
@@ -47,17 +47,19 @@ def _after_fork() -> None:
     if _armed:
         parent = _armed[-1]
         _armed.clear()
-        _start_watch(parent)
+        exit_with(parent)
 
 
-def _start_watch(parent: int) -> None:
-    threading.Thread(target=_watch, args=(parent,), name="rollart-parent-watch",
-                     daemon=True).start()
+def exit_with(parent: int, role: str = "engine process",
+              parent_role: str = "generation worker") -> None:
+    """Exit this process once `parent` is no longer its parent (a thread polls)."""
+    threading.Thread(target=_watch, args=(parent, role, parent_role),
+                     name="rollart-parent-watch", daemon=True).start()
 
 
-def _watch(parent: int) -> None:
+def _watch(parent: int, role: str, parent_role: str) -> None:
     while os.getppid() == parent:
         time.sleep(POLL_S)
-    print(f"rollart: engine process {os.getpid()} exits: its generation worker {parent} is "
-          "gone", file=sys.stderr, flush=True)
+    print(f"rollart: {role} {os.getpid()} exits: its {parent_role} {parent} is gone",
+          file=sys.stderr, flush=True)
     os._exit(1)
