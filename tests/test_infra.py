@@ -75,6 +75,8 @@ def test_the_fleet_matches_its_run_config():
             assert gpus >= 1
             if role == "gen":  # one GPU per tensor-parallel rank
                 assert gpus == spec.tensor_parallel_size
+            if role == "train":  # one GPU per data-parallel rank
+                assert config.trainer.device == "cuda" and gpus == config.trainer.ranks
     declared = {("control", None)} | {(p.role, p.name) for p in config.pools}
     assert set(served) == declared
     for doc, _ in workers():
