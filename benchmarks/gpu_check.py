@@ -5,9 +5,10 @@ checked against the trainer's model before and after. Prepared for a GPU machine
 minutes on one GPU with the tiny policy; a Hugging Face model with --model) and run on CPU in
 CI's smoke mode.
 
-The train step is the torch backend's kind (one AdamW step of a policy-gradient loss on the
-sampled tokens, float32); rollart has no megatron-core backend yet, so the JSON says whether
-megatron-core is importable and that it was not checked.
+The train step is one AdamW step of a policy-gradient loss on the sampled tokens (float32),
+first on the HF model (the torch backend's), then, where megatron-core is installed, on the
+megatron-core backend's GPT model: it takes the engine's weights, steps, and its weights go back
+to the engine by HF name; the engine's logprobs are checked against the megatron model's too.
 
 Run: .venv/bin/python benchmarks/gpu_check.py [--model DIR] [--tensor-parallel-size N]
      [--dtype float32|bfloat16] [--smoke] [--out FILE]
@@ -61,29 +62,34 @@ def importable(module: str) -> bool:
         return False
 
 
-def model_logprobs(model, prompt: list[int], tokens: list[int], device: str) -> list[float]:
+def hf_logits(model):
+    return lambda ids: model(ids).logits
+
+
+def model_logprobs(logits_of, prompt: list[int], tokens: list[int], device: str) -> list[float]:
     """The trainer's logprob of each sampled token, given the prompt and the tokens before it."""
     ids = torch.tensor([prompt + tokens], device=device)
     with torch.no_grad():
-        logits = model(ids).logits[0, len(prompt) - 1:-1].float()
+        logits = logits_of(ids)[0, len(prompt) - 1:-1].float()
     return torch.log_softmax(logits, -1).gather(1, ids[0, len(prompt):, None])[:, 0].tolist()
 
 
-def gap(samples, model, prompts, device: str) -> float:
+def gap(samples, logits_of, prompts, device: str) -> float:
     return max(abs(a - b) for (prompt, sample) in zip(prompts, samples, strict=True)
-               for a, b in zip(sample.logprobs, model_logprobs(model, prompt, sample.token_ids,
-                                                               device), strict=True))
+               for a, b in zip(sample.logprobs, model_logprobs(logits_of, prompt,
+                                                               sample.token_ids, device),
+                               strict=True))
 
 
-def train_step(model, prompts, samples, device: str) -> float:
+def train_step(parameters, logits_of, prompts, samples, device: str) -> float:
     """One AdamW step of REINFORCE on the samples with advantages spread over [-1, 1]: a real
     change of every weight, as a GRPO step makes."""
     advantages = torch.linspace(-1, 1, len(samples))
-    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    optimizer = torch.optim.AdamW(parameters, lr=3e-3)
     loss = torch.zeros((), device=device)
     for prompt, sample, advantage in zip(prompts, samples, advantages.tolist(), strict=True):
         ids = torch.tensor([prompt + sample.token_ids], device=device)
-        logits = model(ids).logits[0, len(prompt) - 1:-1].float()
+        logits = logits_of(ids)[0, len(prompt) - 1:-1].float()
         logprob = torch.log_softmax(logits, -1).gather(1, ids[0, len(prompt):, None]).sum()
         loss = loss - advantage * logprob / len(samples)
     optimizer.zero_grad()
@@ -112,17 +118,24 @@ async def check(args: argparse.Namespace) -> dict:
 
         model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
         before = await sample_all()
-        gap_before = gap(before, model, prompts, device)
-        loss = train_step(model, prompts, before, device)
+        gap_before = gap(before, hf_logits(model), prompts, device)
+        loss = train_step(model.parameters(), hf_logits(model), prompts, before, device)
         update_s = await engine.update_weights(1, [blob for blob, _ in pack(
             model.named_parameters(), bucket_bytes=64 << 20)])
         after = await sample_all()
-        gap_after = gap(after, model, prompts, device)
+        gap_after = gap(after, hf_logits(model), prompts, device)
         original = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).to(device)
-        gap_after_vs_old = gap(after, original, prompts, device)
+        gap_after_vs_old = gap(after, hf_logits(original), prompts, device)
+        megatron = (await megatron_check(engine, model, model_path, prompts, after, sample_all,
+                                         device) if importable("megatron.core") else
+                    {"importable": False, "checked": False,
+                     "why": "megatron-core is not installed (rollart[megatron])"})
     finally:
         engine.shutdown()
     tolerance = TOLERANCE[args.dtype]
+    if megatron["checked"]:
+        megatron["agree"] = (megatron["max_logprob_gap_engine_v1"] <= tolerance
+                             and megatron["max_logprob_gap_after_megatron_step"] <= tolerance)
     return {
         "device": torch.cuda.get_device_name(0) if device == "cuda" else platform.processor()
         or platform.machine(),
@@ -141,11 +154,35 @@ async def check(args: argparse.Namespace) -> dict:
         "tolerance": tolerance,
         "versions_served_after_update": sorted({s.version for s in after}),
         "agree": gap_before <= tolerance and gap_after <= tolerance
-        and all(s.version == 1 for s in after),
-        "megatron_core": {"importable": importable("megatron.core"), "checked": False,
-                          "why": "rollart has no megatron-core training backend yet"},
+        and all(s.version == 1 for s in after) and megatron.get("agree", True),
+        "megatron_core": megatron,
         "total_s": time.perf_counter() - started,
     }
+
+
+async def megatron_check(engine, model, model_path: str, prompts, after, sample_all,
+                         device: str) -> dict:
+    """The megatron-core backend takes the engine's version 1 (from the HF model that made it),
+    takes a step, and hands version 2 to the engine by HF name."""
+    from rollart.policy.megatron import MegatronTrainer
+
+    trainer = MegatronTrainer(model_path, learning_rate=3e-3, device=device)
+    try:
+        trainer.load_weights(((n, p.detach()) for n, p in model.named_parameters()), version=1)
+        gap_v1 = gap(after, trainer.logits, prompts, device)
+        loss = train_step(trainer.model.parameters(), trainer.logits, prompts, after, device)
+        update_s = await engine.update_weights(2, [blob for blob, _ in pack(
+            trainer.named_weights(), bucket_bytes=64 << 20)])
+        again = await sample_all()
+        return {"importable": True, "checked": True, "train_loss": loss,
+                "weight_update_s": update_s, "max_logprob_gap_engine_v1": gap_v1,
+                "max_logprob_gap_after_megatron_step": gap(again, trainer.logits, prompts,
+                                                           device),
+                "max_logprob_gap_after_step_vs_v1": gap(again, hf_logits(model), prompts,
+                                                        device),
+                "versions_served": sorted({s.version for s in again})}
+    finally:
+        trainer.close()
 
 
 def main() -> int:
@@ -172,6 +209,7 @@ def main() -> int:
         value = results[key]
         table.add_row(key, f"{value:.4g}" if isinstance(value, float) else str(value))
     console.print(table)
+    console.print({"megatron_core": results["megatron_core"]})
     if args.out is not None:
         args.out.write_text(json.dumps(results, indent=2) + "\n")
     elif results["cuda"] and not args.smoke:

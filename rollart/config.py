@@ -344,6 +344,10 @@ class TrainerConfig(StrictModel):
         "model is sharded with FSDP2: each rank holds 1/ranks of weights, gradients and "
         "optimizer state and takes the gradient of 1/ranks of each minibatch; the steps match "
         "a single process's (tests/test_sharded_trainer.py).")
+    backend: Literal["torch", "megatron"] = Field(
+        "torch", description="torch: the HF model as it is. megatron: megatron-core's GPT model "
+        "(Qwen3, Qwen2 and Llama layouts), converted from the HF weights and back to HF names "
+        "for the engines (install rollart[megatron]); one rank.")
     device: Literal["cpu", "cuda"] = Field(
         "cpu", description="Where the trainer computes; with cuda, rank r uses cuda:r (NCCL "
         "between ranks, gloo on cpu).")
@@ -662,6 +666,10 @@ class RunConfig(StrictModel):
                 raise ValueError(f"pools: reward pool {p.name!r}: colocate_with needs "
                                  "simulation.enabled (a real colocated judge would need a second "
                                  "engine on the replica's device; give the judge its own pool)")
+        if self.trainer.backend == "megatron" and self.trainer.ranks > 1:
+            raise ValueError("trainer.ranks: the megatron backend runs one rank (its tensor and "
+                             "pipeline parallelism is not wired); ranks > 1 is the torch "
+                             "backend's FSDP2")
         if ("train", self.trainer.pool) not in declared:
             raise ValueError(f"trainer.pool: unknown train pool {self.trainer.pool!r}")
         if self.simulation.enabled:

@@ -129,3 +129,9 @@ def test_trainer_ranks_are_real_ranks():
     assert "trainer.ranks" in field_errors(**{"trainer.ranks": 0})
     message = field_errors(**{"trainer.ranks": 2, "simulation.enabled": True})
     assert "trainer.ranks: simulated compute prices the train step" in message
+
+
+def test_the_megatron_backend_runs_one_rank():
+    assert load_config(None, **{"trainer.backend": "megatron"}).trainer.backend == "megatron"
+    message = field_errors(**{"trainer.backend": "megatron", "trainer.ranks": 2})
+    assert "trainer.ranks: the megatron backend runs one rank" in message

@@ -27,3 +27,5 @@ def test_generation_on_the_gpu_agrees_with_the_trainer_after_an_update(dtype, tm
     assert results["agree"] and results["cuda"]
     assert results["dtype"] == dtype
     assert results["max_logprob_gap_after_update_vs_old_weights"] > results["tolerance"]
+    megatron = results["megatron_core"]  # the megatron-core backend's step, served back
+    assert megatron["checked"] and megatron["agree"] and megatron["versions_served"] == [2]

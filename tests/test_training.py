@@ -71,17 +71,20 @@ async def test_async_run_trains_and_accounts_for_every_trajectory(temporal_serve
         assert metrics.ratio_max > 0
 
 
-@pytest.mark.parametrize("ranks", [1, 2], ids=["one-trainer-rank", "two-fsdp-ranks"])
-async def test_sync_never_trains_on_an_older_version(temporal_server, engine, tmp_path, ranks):
-    """With two ranks too: the engine then serves what the sharded trainer gathered and
-    published, so the sampling policy is still the trainer's."""
+@pytest.mark.parametrize("trainer", [{}, {"trainer.ranks": 2}, {"trainer.backend": "megatron"}],
+                         ids=["torch", "two-fsdp-ranks", "megatron"])
+async def test_sync_never_trains_on_an_older_version(temporal_server, engine, tmp_path, trainer):
+    """With two FSDP2 ranks and with megatron-core too: the engine then serves what those
+    trainers gathered or converted and published, so the sampling policy is still the
+    trainer's."""
     config = make_config(temporal_server, tmp_path, **{
         "algorithm.mode": "sync", "algorithm.group_size": 4, "algorithm.batch_size": 8,
-        "algorithm.iterations": 2, "algorithm.minibatches": 1, "trainer.ranks": ranks,
+        "algorithm.iterations": 2, "algorithm.minibatches": 1, **trainer,
     })
     async with in_process_fleet(config, engine) as client:
         status = await client.execute_workflow(
-            TrainingWorkflow.run, TrainingInput(config=config), id=f"sync-train-{ranks}",
+            TrainingWorkflow.run, TrainingInput(config=config),
+            id=f"sync-train-{len(trainer)}-{config.trainer.ranks}-{config.trainer.backend}",
             task_queue=config.temporal.control_queue, result_type=TrainingStatus,
         )
     assert status.alpha == 0

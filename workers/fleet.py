@@ -280,6 +280,13 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
             from rollart.simulation.trainer import SimulatedTrainer
 
             trainer = SimulatedTrainer(model_path, config.simulation, seed=config.model.seed)
+        elif config.trainer.backend == "megatron":
+            from rollart.policy.megatron import MegatronTrainer
+
+            trainer = MegatronTrainer(model_path, config.algorithm.learning_rate,
+                                      seed=config.model.seed, threads=config.trainer.threads,
+                                      device=config.trainer.device)
+            closers.append(trainer.close)
         elif config.trainer.ranks > 1:
             from rollart.policy.sharded import ShardedTrainer
 

@@ -107,10 +107,10 @@ class Trainer:
         self.rng = random.Random(self.seed)
         self.model = AutoModelForCausalLM.from_pretrained(self.model_path, dtype=torch.float32)
         self.model.train()
+        self.vocab_size = self.model.config.vocab_size
         self._place_model()
         self.tokenizer = AutoTokenizer.from_pretrained(self.model_path)
         self.pad_id = self.tokenizer.pad_token_id or 0
-        self.vocab_size = self.model.config.vocab_size
         self.optimizer = torch.optim.AdamW(self.model.parameters(), lr=self.learning_rate,
                                            weight_decay=0.0)
         self.version = 0
@@ -267,9 +267,14 @@ class Trainer:
     def _logprobs(self, batch: _Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         """Each next token's log-probability, and each position's entropy, under the sampling
         distribution of the current weights."""
-        logits = self.model(input_ids=batch.ids, attention_mask=batch.attention).logits[:, :-1]
+        logits = self.logits(batch.ids, batch.attention)[:, :-1]
         log_p = sampling_log_distribution(logits, temperature, batch.allowed)
         return log_p.gather(-1, batch.ids[:, 1:].unsqueeze(-1)).squeeze(-1), entropy(log_p)
+
+    def logits(self, ids: torch.Tensor, attention: torch.Tensor | None = None) -> torch.Tensor:
+        """[rows, positions, vocab] logits of the current weights; `attention` marks the real
+        tokens of rows padded at the end."""
+        return self.model(input_ids=ids, attention_mask=attention).logits
 
     def _pre_step(self, batch: _Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
         """The old policy's logprobs and entropies on the minibatch (no gradient)."""
