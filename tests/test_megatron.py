@@ -115,3 +115,31 @@ def test_an_unconverted_layout_is_named(megatron, tmp_path):
     AutoTokenizer.from_pretrained(resolve_model_path(None)).save_pretrained(tmp_path)
     with pytest.raises(ValueError, match="model type 'gpt2' has no conversion"):
         megatron(str(tmp_path))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.asyncio(loop_scope="session")
+async def test_an_engine_forked_after_a_trainer_closed_starts(model_path):
+    """A closed trainer's gloo process group can wait for the cycle collector; an engine core
+    forked meanwhile collected it and its destructor joined threads that had stayed behind: the
+    engine core crashed or hung at start (seen in CI, after the megatron end-to-end run)."""
+    import gc
+
+    from rollart.config import EngineConfig
+    from rollart.policy.engine import PolicyEngine
+
+    gc.disable()  # the trainer stays uncollected garbage until the engine has started
+    trainer = MegatronTrainer(model_path, learning_rate=1e-2, threads=1)
+    trainer.close()
+    trainer.cycle = trainer  # as a worker's activities and closers hold theirs
+    del trainer
+    try:
+        engine = await PolicyEngine(model_path, EngineConfig()).start()
+    finally:
+        gc.enable()
+    try:
+        ids = engine.encode("P F F F")
+        result = await engine.generate(ids, max_tokens=2, temperature=0.0, ignore_eos=True)
+        assert len(result.token_ids) == 2
+    finally:
+        engine.shutdown()

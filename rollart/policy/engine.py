@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import math
 import os
 import time
@@ -95,7 +96,9 @@ def _engine_core_environment(tensor_parallel_size: int) -> Iterator[None]:
     processes ("mp"), and on CPU each rank bound to cores of its own. Restored after, so
     processes this one starts later do not inherit them. The engine core learns its parent's
     pid, to exit when this process dies (rollart.policy.vllm_plugin); the start method vLLM
-    sets is restored too."""
+    sets is restored too. Garbage is collected first: a forked child would free what it
+    inherited, and a dead gloo process group's destructor joins threads that did not come
+    along (the child crashed or hung)."""
     import torch
     from vllm.platforms import current_platform
 
@@ -111,6 +114,7 @@ def _engine_core_environment(tensor_parallel_size: int) -> Iterator[None]:
 
     before = {name: os.environ.get(name) for name in [*values, START_METHOD]}
     threads = torch.get_num_threads()
+    gc.collect()
     os.environ.update(values)
     torch.set_num_threads(1)  # a forked engine core keeps this; OMP_NUM_THREADS came too late
     try:
