@@ -14,6 +14,8 @@ Every placement has 4 H800 in the cluster:
 - colocated: 4 policy replicas, each with a judge engine on its device (they take turns, as two
   processes' kernels on one GPU do);
 - dedicated: 3 policy replicas and 1 judge replica (a reward pool of its own);
+- dedicated_half: 2 policy replicas and 2 judge replicas, RollArt R3's own local setup (4 of
+  its 8 GPUs judged), so dedicated_half vs serverless is the comparison behind its 158 s -> 77 s;
 - serverless: 4 policy replicas; judges on an elastic endpoint outside the cluster, one
   instance per call, billed per call.
 Sync training (the batch's rollout ends with its last reward), FrozenLake of up to 8 turns with
@@ -58,7 +60,9 @@ GPUS = 4
 ENV_MEAN_S, ENV_STD_S = 2.0, 1.0  # simulated seconds per env step
 OVERHEAD_MEDIAN_S, OVERHEAD_P99_S = 0.4, 2.1  # simulated remote I/O of one serverless call
 VERDICTS = {"Right": 1.0, "Left": 0.0}  # one token each for the tiny tokenizer
-PLACEMENTS = ["colocated", "dedicated", "serverless"]
+POLICY_REPLICAS = {"colocated": GPUS, "dedicated": GPUS - 1, "dedicated_half": GPUS // 2,
+                   "serverless": GPUS}  # the dedicated placements' judges take the rest
+PLACEMENTS = list(POLICY_REPLICAS)
 # light: a judge reading an 8k-token episode and reasoning 512 tokens; heavy: a long agentic
 # episode (32k tokens) judged by a reasoning reward model (2k tokens), RollArt's regime where
 # the reward burst at the end of a batch is long next to the rollout.
@@ -102,16 +106,16 @@ class ServerlessJudge:
 
 def placement_config(server: DevServer, work: Path, placement: str, iterations: int,
                      endpoint: str, judge: dict) -> RunConfig:
-    gen_replicas = GPUS - 1 if placement == "dedicated" else GPUS
+    gen_replicas = POLICY_REPLICAS[placement]
     pools = [{"name": "cpu", "role": role} for role in ("env", "reward", "train")]
     pools.append({"name": "h800", "role": "gen", "hardware": "h800", "replicas": gen_replicas})
     reward = {"kind": "model", "verdicts": VERDICTS}
     if placement == "colocated":
         pools.append({"name": "judge", "role": "reward", "model": "policy",
                       "colocate_with": "h800", "concurrency": 64})
-    elif placement == "dedicated":
+    elif placement.startswith("dedicated"):
         pools.append({"name": "judge", "role": "reward", "model": "policy", "hardware": "h800",
-                      "concurrency": 64})
+                      "replicas": GPUS - gen_replicas, "concurrency": 64})
     else:
         pools.append({"name": "judge", "role": "reward", "concurrency": 256})
         reward = {"kind": "lambda", "function": "judge", "endpoint_url": endpoint,
@@ -202,6 +206,8 @@ def summarize(runs: dict, iterations: int) -> dict:
             w: ratio(w, "colocated", "serverless") for w in runs},
         "rollout_time_ratio_dedicated_vs_offloaded": {
             w: ratio(w, "dedicated", "serverless") for w in runs},
+        "rollout_time_ratio_dedicated_half_vs_offloaded": {
+            w: ratio(w, "dedicated_half", "serverless") for w in runs},
         "rollout_time_ratio_colocated_vs_dedicated": {
             w: ratio(w, "colocated", "dedicated") for w in runs},
         "reward_pool_busy_share": {w: {name: r["judge_busy_share"] for name, r in placed.items()}
@@ -230,7 +236,7 @@ def report(summary: dict, args: argparse.Namespace) -> None:
     for workload, runs in summary["runs"].items():
         for name, r in runs.items():
             busy = r["judge_busy_share"]
-            row = [workload, name, str(GPUS - 1 if name == "dedicated" else GPUS),
+            row = [workload, name, str(POLICY_REPLICAS[name]),
                    f"{r['rollout_s_simulated']:.1f}",
                    f"{r['rollout_s_simulated'] / runs['serverless']['rollout_s_simulated']:.2f}",
                    f"{r['reward_latency_s_p50_simulated']:.1f}",
@@ -249,12 +255,15 @@ def report(summary: dict, args: argparse.Namespace) -> None:
     judges = "; ".join(f"{w}: reads {j['judge_prompt_tokens']} tokens and reasons "
                        f"{j['judge_tokens']} ({j['judge_s_alone_on_h800']:.1f} s alone on an "
                        "H800)" for w, j in workloads.items())
-    save("reward_offload", summary, "Reward placement: colocated, dedicated, serverless",
+    save("reward_offload", summary, "Reward placement: colocated, dedicated (1 or half the "
+         "GPUs), serverless",
          f".venv/bin/python benchmarks/reward_offload.py --iterations {args.iterations}",
          ["System figures (simulated compute; time scale "
           f"{TIME_SCALE} wall s per simulated s; seconds below are simulated). "
           f"{GPUS} H800 in the cluster in every placement: colocated, 4 policy replicas each "
           "sharing its device with a judge engine; dedicated, 3 policy replicas and 1 judge; "
+          "dedicated_half, 2 policy replicas and 2 judges (RollArt R3's local setup: 4 of 8 "
+          "GPUs judged, and 158 s -> 77 s is that setup against serverless); "
           "serverless, 4 policy replicas and judges outside the cluster, one instance per "
           f"call. The judge is 8B ({judges}); serverless calls add remote I/O of median "
           f"{OVERHEAD_MEDIAN_S} s, p99 {OVERHEAD_P99_S} s. Sync training, batch {BATCH} in "
