@@ -129,11 +129,11 @@ async def test_an_engine_forked_after_a_trainer_closed_starts(model_path):
     from rollart.policy.engine import PolicyEngine
 
     gc.disable()  # the trainer stays uncollected garbage until the engine has started
-    trainer = MegatronTrainer(model_path, learning_rate=1e-2, threads=1)
-    trainer.close()
-    trainer.cycle = trainer  # as a worker's activities and closers hold theirs
-    del trainer
     try:
+        trainer = MegatronTrainer(model_path, learning_rate=1e-2, threads=1)
+        trainer.close()
+        trainer.cycle = trainer  # as a worker's activities and closers hold theirs
+        del trainer
         engine = await PolicyEngine(model_path, EngineConfig()).start()
     finally:
         gc.enable()
