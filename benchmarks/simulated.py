@@ -21,6 +21,9 @@ Figures (system figures; none is a learning figure: the simulated policy samples
 
 Run: .venv/bin/python benchmarks/simulated.py [--iterations 6] [--smoke]
      [--parts modes sweep hardware]
+Explore (the modes part only, printed, nothing written):
+     .venv/bin/python benchmarks/simulated.py --modes async1 [--replicas 4] [--env-slots 160]
+     [--set algorithm.redundancy=2 ...]
 (writes results/simulated.json and simulated.md, and merges the sim_* keys into
 results/async_vs_sync.json; --smoke: every part at the smallest size, nothing written)
 """
@@ -41,7 +44,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from rollart.config import RunConfig, SimulationConfig, with_overrides
+from rollart.config import RunConfig, SimulationConfig, parse_sets, with_overrides
 from rollart.contracts import TrainingStatus, TrajectorySpec
 from rollart.servers import free_port
 from rollart.simulation.costs import CostModel, train_cost
@@ -119,15 +122,24 @@ async def train(client, config: RunConfig, name: str) -> dict:
             "stale_token_share": statistics.fmean(m.stale_token_share for m in history)}
 
 
-async def modes_part(server: DevServer, work: Path, iterations: int, progress) -> dict:
-    config = base_config(server, work / "modes", {"h800": 2}, frozenlake("h800"),
-                         **{"algorithm.iterations": iterations})
-    results = {}
-    task = progress.add_task("modes", total=len(MODES))
+async def modes_part(server: DevServer, work: Path, args: argparse.Namespace,
+                     progress) -> dict:
+    """Every mode of MODES named in args.modes, with args.replicas H800 replicas, the env pool's
+    args.env_slots and the --set overrides on top of each mode's own."""
+    config = base_config(server, work / "modes", {"h800": args.replicas}, frozenlake("h800"),
+                         **{"algorithm.iterations": args.iterations})
+    if args.env_slots:
+        config = config.model_copy(update={"pools": [
+            pool.model_copy(update={"concurrency": args.env_slots}) if pool.role == "env"
+            else pool for pool in config.pools]})
+    sets, results = parse_sets(args.set), {}
+    config = with_overrides(config, **sets)  # the fleet's workers price by the fleet's config
+    chosen = [(name, overrides) for name, overrides in MODES if name in args.modes]
+    task = progress.add_task("modes", total=len(chosen))
     async with in_process_fleet(config) as client:
-        for name, overrides in MODES:
+        for name, overrides in chosen:
             progress.update(task, description=f"training ({name})")
-            run_config = with_overrides(config, **overrides, run_dir=str(work / name))
+            run_config = with_overrides(config, **overrides, **sets, run_dir=str(work / name))
             results[name] = await train(client, run_config, name)
             progress.advance(task)
     return results
@@ -219,13 +231,14 @@ async def main(args: argparse.Namespace) -> dict:
         STDS[:] = STDS[-1:]
     work = Path(tempfile.mkdtemp(prefix="rollart-sim-"))
     server = DevServer(work / "temporal.db", port=free_port(), ui_port=None).start()
-    iterations = 2 if args.smoke else args.iterations
+    if args.smoke:
+        args.iterations = 2
     sweep = (8, 2) if args.smoke else (SWEEP_TRAJECTORIES, SWEEP_TURNS)
     results: dict = {}
     try:
         with Progress(console=console) as progress:
             if "modes" in args.parts:
-                results["modes"] = await modes_part(server, work, iterations, progress)
+                results["modes"] = await modes_part(server, work, args, progress)
             if "sweep" in args.parts:
                 results["sweep"] = await sweep_part(server, work, *sweep, progress)
             if "hardware" in args.parts:
@@ -257,6 +270,18 @@ def summarize(results: dict) -> dict:
         "sim_time_scale": TIME_SCALE,
         "sim_runs": results,
     }
+
+
+def print_modes(modes: dict) -> None:
+    table = Table(title="simulated compute: modes (system figures; exploring, nothing written)")
+    keys = [RATE, "trainer_idle_share", "rollout_s_mean", "train_s_mean", "evicted", "failed"]
+    for column in ["mode", "traj/s (steady)", "idle share", "rollout s", "train s", "evicted",
+                   "failed"]:
+        table.add_column(column, justify="right")
+    for name, r in modes.items():
+        table.add_row(name, *(f"{r[k]:.2f}" if isinstance(r[k], float) else str(r[k])
+                              for k in keys))
+    console.print(table)
 
 
 def report(summary: dict, args: argparse.Namespace) -> None:
@@ -317,7 +342,22 @@ if __name__ == "__main__":
     parser.add_argument("--parts", nargs="+", default=PARTS, choices=PARTS,
                         help="rerun only these parts; the others keep their recorded results")
     parser.add_argument("--smoke", action="store_true")
+    explore = parser.add_argument_group(
+        "exploring (modes part only; prints its table and writes nothing)")
+    explore.add_argument("--modes", nargs="+", choices=[name for name, _ in MODES],
+                         default=[name for name, _ in MODES])
+    explore.add_argument("--replicas", type=int, default=2, help="H800 replicas")
+    explore.add_argument("--env-slots", type=int, default=None,
+                         help="env steps the env pool runs at once (its default: 64)")
+    explore.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                         help="a config override for every mode, e.g. algorithm.redundancy=2")
     args = parser.parse_args()
+    exploring = (len(args.modes) < len(MODES) or args.replicas != 2 or args.env_slots
+                 or args.set)
+    if exploring:
+        args.parts = ["modes"]
+        print_modes(asyncio.run(main(args))["modes"])
+        raise SystemExit(0)
     measured = asyncio.run(main(args))
     recorded = HERE / "results" / "simulated.json"
     if set(args.parts) != set(PARTS) and not args.smoke:

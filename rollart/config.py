@@ -740,6 +740,21 @@ def load_config(path: str | Path | None = None, **overrides: object) -> RunConfi
     return RunConfig.model_validate(_overridden(data, overrides))
 
 
+def parse_sets(pairs: list[str]) -> dict[str, object]:
+    """`KEY=VALUE` pairs (as `--set` takes them) as dotted overrides; a value that is not JSON
+    stays a string."""
+    overrides: dict[str, object] = {}
+    for pair in pairs:
+        key, sep, raw = pair.partition("=")
+        if not sep:
+            raise ValueError(f"--set expects key=value, got {pair!r}")
+        try:
+            overrides[key] = json.loads(raw)
+        except json.JSONDecodeError:
+            overrides[key] = raw
+    return overrides
+
+
 def with_overrides(config: RunConfig, **overrides: object) -> RunConfig:
     """`config` with dotted overrides applied, checked again as a whole."""
     return RunConfig.model_validate(_overridden(config.model_dump(mode="json"), overrides))

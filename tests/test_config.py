@@ -4,7 +4,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from rollart.config import RewardConfig, load_config
+from rollart.config import RewardConfig, load_config, parse_sets
 
 
 def field_errors(**overrides) -> str:
@@ -135,3 +135,12 @@ def test_the_megatron_backend_runs_one_rank():
     assert load_config(None, **{"trainer.backend": "megatron"}).trainer.backend == "megatron"
     message = field_errors(**{"trainer.backend": "megatron", "trainer.ranks": 2})
     assert "trainer.ranks: the megatron backend runs one rank" in message
+
+
+def test_set_pairs_parse_json_values_and_keep_other_text_as_strings():
+    assert parse_sets(["algorithm.redundancy=2", "algorithm.batch_order=first_complete",
+                       "algorithm.tis_cap=null", "name=a=b"]) == {
+        "algorithm.redundancy": 2, "algorithm.batch_order": "first_complete",
+        "algorithm.tis_cap": None, "name": "a=b"}
+    with pytest.raises(ValueError, match="--set expects key=value"):
+        parse_sets(["algorithm.redundancy"])

@@ -31,26 +31,16 @@ from typing import NoReturn
 
 from pydantic import ValidationError
 
-from rollart.config import RunConfig, load_config
+from rollart.config import RunConfig, load_config, parse_sets
 
 WORKFLOW_ID_PREFIX = "rollart-train-"
 
 
-def _parse_sets(pairs: list[str]) -> dict[str, object]:
-    overrides = {}
-    for pair in pairs:
-        key, sep, raw = pair.partition("=")
-        if not sep:
-            raise SystemExit(f"--set expects key=value, got {pair!r}")
-        try:
-            overrides[key] = json.loads(raw)
-        except json.JSONDecodeError:
-            overrides[key] = raw
-    return overrides
-
-
 def _config(args: argparse.Namespace, fresh_run_dir: bool = False) -> RunConfig:
-    overrides = _parse_sets(args.set or [])
+    try:
+        overrides = parse_sets(args.set or [])
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
     if getattr(args, "run_dir", None):
         overrides["run_dir"] = args.run_dir
     try:
