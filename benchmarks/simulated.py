@@ -139,6 +139,7 @@ async def modes_part(server: DevServer, work: Path, args: argparse.Namespace,
     async with in_process_fleet(config) as client:
         for name, overrides in chosen:
             progress.update(task, description=f"training ({name})")
+            # --set again after the mode's own overrides, so that the user's value wins
             run_config = with_overrides(config, **overrides, **sets, run_dir=str(work / name))
             results[name] = await train(client, run_config, name)
             progress.advance(task)
@@ -274,13 +275,14 @@ def summarize(results: dict) -> dict:
 
 def print_modes(modes: dict) -> None:
     table = Table(title="simulated compute: modes (system figures; exploring, nothing written)")
-    keys = [RATE, "trainer_idle_share", "rollout_s_mean", "train_s_mean", "evicted", "failed"]
-    for column in ["mode", "traj/s (steady)", "idle share", "rollout s", "train s", "evicted",
-                   "failed"]:
-        table.add_column(column, justify="right")
+    columns = {RATE: "traj/s (steady)", "trainer_idle_share": "idle share",
+               "rollout_s_mean": "rollout s", "train_s_mean": "train s",
+               "evicted": "evicted", "failed": "failed"}
+    for header in ["mode", *columns.values()]:
+        table.add_column(header, justify="right")
     for name, r in modes.items():
         table.add_row(name, *(f"{r[k]:.2f}" if isinstance(r[k], float) else str(r[k])
-                              for k in keys))
+                              for k in columns))
     console.print(table)
 
 
