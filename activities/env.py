@@ -7,10 +7,13 @@ so these are thread-pool activities.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextvars
 import math
 import random
 import threading
 import time
+from collections import OrderedDict
 from datetime import UTC, datetime
 
 from opentelemetry import trace
@@ -24,6 +27,8 @@ from rollart.contracts import (
     EnvResetRequest,
     EnvResetResult,
     EnvRestoreRequest,
+    EnvStepBatch,
+    EnvStepBatchResult,
     EnvStepRequest,
     EnvStepResult,
 )
@@ -32,6 +37,8 @@ from rollart.envs.base import UnknownEnvironmentError
 from rollart.metrics import ENV_SECONDS, timed
 
 TRACER = trace.get_tracer("rollart")
+ENDED_KEPT = 4096
+BATCH_THREADS = 64  # a batch activity's steps at once: mostly waiting on env latency
 
 
 class EnvActivities:
@@ -45,6 +52,9 @@ class EnvActivities:
         self.last_step: dict[str, tuple[str, EnvStepResult]] = {}
         self.domains: dict[str, str] = {}  # per trajectory, for the latency metric's label
         self._lock = threading.Lock()
+        # the last step of the episodes that ended last: a retry of it gets its result
+        self.ended_steps: OrderedDict[str, tuple[str | None, EnvStepResult]] = OrderedDict()
+        self._batch_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     @activity.defn(name=Activity.ENV_CHECK)
     def check(self, env_name: str, field: str = "env") -> list[str]:
@@ -128,22 +138,55 @@ class EnvActivities:
         """Exactly once per step. An attempt that timed out but still runs (hung, or starved of
         CPU) does not step once its retry has started, and whichever of them steps first, the
         other gets that result instead of stepping again (they share the step's activity id)."""
-        with heartbeating_thread(), TRACER.start_as_current_span("rollart.env.step", attributes={
+        with heartbeating_thread():
+            return self._observed_step(request)
+
+    @activity.defn(name=Activity.ENV_STEP_BATCH)
+    def step_batch(self, batch: EnvStepBatch) -> EnvStepBatchResult:
+        """Every step of a lockstep batch's turn held by this worker, at once (their latencies
+        overlap as separate activities' would). Exactly once per step as `step` is: a retried
+        batch takes again only the steps its failed attempt did not. One failed step fails the
+        batch, with a non-retryable failure first if there is one."""
+        with heartbeating_thread():
+            futures = [self._batch_threads().submit(contextvars.copy_context().run,
+                                                    self._observed_step, request, str(index))
+                       for index, request in enumerate(batch.steps)]
+            concurrent.futures.wait(futures)
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:
+            raise min(errors, key=lambda e: not getattr(e, "non_retryable", False))
+        return EnvStepBatchResult(results=[f.result() for f in futures])
+
+    def _batch_threads(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._lock:
+            if self._batch_pool is None:
+                self._batch_pool = concurrent.futures.ThreadPoolExecutor(
+                    max_workers=BATCH_THREADS, thread_name_prefix="env-batch")
+            return self._batch_pool
+
+    def _observed_step(self, request: EnvStepRequest, part: str | None = None) -> EnvStepResult:
+        with TRACER.start_as_current_span("rollart.env.step", attributes={
                 "rollart.trajectory_id": request.trajectory_id}):
             domain = self.domains.get(request.trajectory_id, "")
             with timed(ENV_SECONDS, {"op": "step", "domain": domain}):
-                return self._step(request)
+                return self._step(request, part)
 
-    def _step(self, request: EnvStepRequest) -> EnvStepResult:
+    def _step(self, request: EnvStepRequest, part: str | None = None) -> EnvStepResult:
+        """`part`: the step's place in a batch activity, which makes its id within the
+        activity's."""
         started = time.perf_counter()
         tid = request.trajectory_id
         step_id, attempt = None, ("direct", 0)
         if activity.in_activity():
-            step_id = activity.info().activity_id
-            attempt = (step_id, activity.info().attempt)
+            info = activity.info()
+            step_id = info.activity_id if part is None else f"{info.activity_id}/{part}"
+            attempt = (step_id, info.attempt)
         with self._lock:
             env, env_lock = self.envs.get(tid), self.env_locks.get(tid)
             self.attempts[tid] = attempt
+            last = self.ended_steps.get(tid) if env is None else None
+        if last is not None and step_id is not None and last[0] == step_id:
+            return last[1]  # the episode ended on this very step, in an earlier attempt
         if env is None:
             raise ApplicationError(
                 f"no live environment for {tid} on {self.worker_queue} "
@@ -175,6 +218,10 @@ class EnvActivities:
             self.last_step[tid] = (step_id, out)
         if result.terminated or result.truncated:
             self.close(tid)
+            with self._lock:
+                self.ended_steps[tid] = (step_id, out)
+                while len(self.ended_steps) > ENDED_KEPT:
+                    self.ended_steps.popitem(last=False)
         return out
 
     def _inject(self, request: EnvStepRequest) -> None:

@@ -23,6 +23,8 @@ from rollart.activities.heartbeat import heartbeating
 from rollart.contracts import (
     CONTEXT_FULL,
     Activity,
+    GenerateBatch,
+    GenerateBatchResult,
     GenerateRequest,
     GenerateResult,
     ReplicaMetrics,
@@ -127,12 +129,23 @@ class GenerateActivities:
     async def generate(self, request: GenerateRequest) -> GenerateResult:
         """Heartbeats from start to end: a store read or write waiting for a thread, or a
         request waiting for an engine slot, is busy, not dead."""
+        return await heartbeating(self._serve(request))
+
+    @activity.defn(name=Activity.GEN_GENERATE_BATCH)
+    async def generate_batch(self, batch: GenerateBatch) -> GenerateBatchResult:
+        """A lockstep batch's turn on this replica: every request reaches the engine at once,
+        as separate activities' would, but the server dispatches one activity instead of one
+        per trajectory. One failed request fails the batch (the workflow sends each again)."""
+        results = await heartbeating(asyncio.gather(*(self._serve(r) for r in batch.requests)))
+        return GenerateBatchResult(results=list(results))
+
+    async def _serve(self, request: GenerateRequest) -> GenerateResult:
         with TRACER.start_as_current_span("rollart.generate", attributes={
                 "rollart.trajectory_id": request.trajectory_id, "rollart.turn": request.turn,
                 "rollart.replica": self.replica}) as span:
             labels = {"replica": self.replica}
             with timed(GENERATE_SECONDS, labels):
-                result = await heartbeating(self._generate(request))
+                result = await self._generate(request)
             GENERATED_TOKENS.add(result.new_tokens, labels)
             PROMPT_TOKENS.add(result.prompt_tokens, labels)
             CACHED_TOKENS.add(result.cached_tokens, labels)

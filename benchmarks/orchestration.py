@@ -8,7 +8,9 @@ env step, decode):
   0. the floor: Temporal's own cost on this dev server, from no-op activities (latency of one at
      a time; steps/s and the server's CPU per step with 64 workflows at once);
   1. latency: one 50-turn trajectory vs the same 50 turns in the loop -> overhead per turn;
-  2. throughput: 64 concurrent 10-turn trajectories vs 64 concurrent loops -> turns/s;
+  2. throughput: 64 concurrent 10-turn trajectories vs 64 concurrent loops -> turns/s; and
+     the 64 as one lockstep batch (rollout_unit "batch": one generate and one env activity a
+     turn for all of them);
   3. a default training run on a trajectory store pre-filled with 100,000 turn records: rollout
      turns/s over its last iterations against its first, the split of an iteration, and CPU
      milliseconds per turn for every process of the stack (rollart train's own accounting).
@@ -45,6 +47,7 @@ from rollart.store import TrajectoryStore, TurnRecord
 from rollart.workers.client import connect
 from rollart.workers.progress import turns_per_s, turns_served
 from rollart.workers.stack import Stack
+from rollart.workflows.batch_rollout import BatchRolloutWorkflow
 from rollart.workflows.training import TrainingInput, TrainingWorkflow
 from rollart.workflows.trajectory import TrajectoryWorkflow
 
@@ -225,6 +228,12 @@ async def main(args: argparse.Namespace) -> dict:
             await asyncio.gather(*(direct_trajectory(engine, store, f"many-direct-{i}", turns)
                                    for i in range(many)))
             results["direct_turns_per_s"] = many * turns / (time.perf_counter() - started)
+            started = time.perf_counter()
+            await client.execute_workflow(
+                BatchRolloutWorkflow.run,
+                [spec(config, f"batch-{i}", turns) for i in range(many)], id="batch",
+                task_queue=queue, result_type=list[TrajectoryResult])
+            results["batch_turns_per_s"] = many * turns / (time.perf_counter() - started)
         finally:
             engine.shutdown()
 
@@ -270,6 +279,7 @@ ROWS = [
     ("turns/s through Temporal, 64 concurrent trajectories", "turns_per_s", ".1f"),
     ("activities/s, same", "activities_per_s", ".1f"),
     ("turns/s direct loop, 64 concurrent", "direct_turns_per_s", ".0f"),
+    ("turns/s through Temporal, the 64 as one lockstep batch", "batch_turns_per_s", ".1f"),
     ("training: rollout turns/s, first iterations", "early_turns_per_s", ".1f"),
     ("training: rollout turns/s, last iterations", "late_turns_per_s", ".1f"),
     ("late / early (store pre-filled)", "late_vs_early_turns_per_s", ".2f"),

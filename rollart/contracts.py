@@ -33,11 +33,13 @@ class Activity:
     ENV_CHECK = "env.check"
     ENV_RESET = "env.reset"
     ENV_STEP = "env.step"
+    ENV_STEP_BATCH = "env.step_batch"
     ENV_CLOSE = "env.close"
     ENV_RESTORE = "env.restore"
     GEN_ROUTE = "gen.route"
     GEN_RELEASE = "gen.release"
     GEN_GENERATE = "gen.generate"
+    GEN_GENERATE_BATCH = "gen.generate_batch"
     GEN_PING = "gen.ping"
     GEN_UPDATE_WEIGHTS = "gen.update_weights"
     REWARD_CHECK = "reward.check"
@@ -133,6 +135,17 @@ class EnvStepResult(BaseModel):
                            "latency included, queueing not).")
 
 
+class EnvStepBatch(BaseModel):
+    """One step of several envs held by the same worker, in one activity: a lockstep batch's
+    turn costs the server one activity per env worker instead of one per trajectory."""
+
+    steps: list[EnvStepRequest]
+
+
+class EnvStepBatchResult(BaseModel):
+    results: list[EnvStepResult] = Field(description="In the order of the steps.")
+
+
 class GenerateRequest(BaseModel):
     trajectory_id: str
     turn: int
@@ -167,6 +180,17 @@ class GenerateResult(BaseModel):
     prefill_s: float = Field(0.0, description="Engine seconds the turn's prefill used (its "
                              "share of a busy engine; rollart.policy.engine.Sample).")
     decode_s: float = Field(0.0, description="Engine seconds its decoding used.")
+
+
+class GenerateBatch(BaseModel):
+    """Turns of several trajectories for one replica, in one activity (a lockstep batch's turn);
+    its engine batches them as it would separate requests."""
+
+    requests: list[GenerateRequest]
+
+
+class GenerateBatchResult(BaseModel):
+    results: list[GenerateResult] = Field(description="In the order of the requests.")
 
 
 class RouteRequest(BaseModel):

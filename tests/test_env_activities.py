@@ -60,3 +60,42 @@ def test_a_long_step_heartbeats_and_a_short_one_does_not():
     slow = InjectedFaults(step_median_s=0.5, step_sigma=0.0)
     environment.run(envs.step, EnvStepRequest(trajectory_id="t", action="Right", faults=slow))
     assert 3 <= len(beats) <= 6  # every 0.1 s for 0.5 s
+
+
+def test_a_batch_steps_every_env_at_once_and_a_retry_steps_only_what_failed():
+    """A lockstep turn's steps share one activity: their latencies overlap, and its retry
+    (same activity id, next attempt) takes again only the step that failed."""
+    import dataclasses
+
+    from temporalio.testing import ActivityEnvironment
+
+    from rollart.contracts import EnvStepBatch
+
+    envs = EnvActivities("q")
+    for tid in ("a", "b", "c"):
+        envs.reset(EnvResetRequest(trajectory_id=tid, env_name="frozenlake", seed=0))
+    envs.step(EnvStepRequest(trajectory_id="b", action="Right"))  # next to the hole below
+    slow = InjectedFaults(step_median_s=0.3, step_sigma=0.0)
+    failing = InjectedFaults(step_failure_rate=1.0)
+    environment = ActivityEnvironment()
+    environment.info = dataclasses.replace(environment.info, activity_id="turn-0",
+                                           start_to_close_timeout=None)
+    started = time.perf_counter()
+    with pytest.raises(ApplicationError) as failed:
+        environment.run(envs.step_batch, EnvStepBatch(steps=[
+            EnvStepRequest(trajectory_id="a", action="Right", faults=slow),
+            EnvStepRequest(trajectory_id="b", action="Down", faults=slow),
+            EnvStepRequest(trajectory_id="c", action="Right", faults=failing)]))
+    assert failed.value.type == "InjectedFault" and not failed.value.non_retryable
+    assert time.perf_counter() - started < 0.55  # two 0.3 s steps at once, not one by one
+    environment.info = dataclasses.replace(environment.info, attempt=2)
+    retried = environment.run(envs.step_batch, EnvStepBatch(steps=[
+        EnvStepRequest(trajectory_id="a", action="Right"),
+        EnvStepRequest(trajectory_id="b", action="Down"),
+        EnvStepRequest(trajectory_id="c", action="Right")]))
+    a, b, c = retried.results
+    assert a.seconds >= 0.3  # attempt 1's result: "a" was not stepped twice
+    assert b.terminated and "b" not in envs.envs  # fell in a hole on attempt 1, answered again
+    assert c.seconds < 0.3 and not c.terminated  # stepped once, now
+    moved = envs.step(EnvStepRequest(trajectory_id="a", action="Down"))
+    assert moved.terminated  # the hole at (1, 1): "a" moved right exactly once

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import envs_for_tests  # noqa: F401  (registers the test environments)
 import pytest
@@ -34,6 +35,13 @@ ROLLOUT_ROLES = ("control", "env", "reward", "gen")
 def spec_for(config, tid: str, env_name: str, max_turns: int) -> TrajectorySpec:
     return TrajectorySpec.for_domain(config, "frozenlake", tid, "g", seed=7).model_copy(
         update={"env_name": env_name, "max_turns": max_turns})
+
+
+async def scheduled_activities(client, workflow_id: str) -> Counter:
+    history = await client.get_workflow_handle(workflow_id).fetch_history()
+    field = "activity_task_scheduled_event_attributes"
+    return Counter(getattr(e, field).activity_type.name for e in history.events
+                   if e.HasField(field))
 
 
 async def history_size(client, workflow_id: str) -> tuple[int, int]:
@@ -182,6 +190,11 @@ async def test_batch_rollout_steps_every_trajectory_in_lockstep(temporal_server,
             BatchRolloutWorkflow.run, specs, id="lockstep", result_type=list[TrajectoryResult],
             task_queue=config.temporal.control_queue,
         )
+        scheduled = await scheduled_activities(client, "lockstep")
     assert [r.turns for r in results] == [4, 4, 4]
     store = TrajectoryStore(config.store_dir)
     assert all(len(store.read(f"lockstep-{i}")) == 4 for i in range(3))
+    # one generate and one env activity per turn for the whole batch (one replica, one env
+    # worker), not one each per trajectory
+    assert scheduled["gen.generate_batch"] == 4 and scheduled["env.step_batch"] == 4
+    assert "gen.generate" not in scheduled and "env.step" not in scheduled

@@ -217,7 +217,8 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
         envs = EnvActivities(own_queue)
         slots = config.pool("env", pool).worker_slots()
         executor = ThreadPoolExecutor(max_workers=slots)
-        activities = [envs.check, envs.reset, envs.restore, envs.step, envs.close]
+        activities = [envs.check, envs.reset, envs.restore, envs.step, envs.step_batch,
+                      envs.close]
         return [Worker(client, build_id=BUILD_ID, task_queue=queue, activities=activities,
                        activity_executor=executor, max_concurrent_activities=slots)
                 for queue in (pool_queue("env", pool), own_queue)]
@@ -259,7 +260,8 @@ async def build_workers(config: RunConfig, client, role: WorkerRole, pool: str =
         if engine is None:
             version = await gen.catch_up(config.weights_prefix)
             log.info("%s serves policy version %d", queue, version)
-        workers = [Worker(client, build_id=BUILD_ID, task_queue=queue, activities=[gen.generate],
+        workers = [Worker(client, build_id=BUILD_ID, task_queue=queue,
+                          activities=[gen.generate, gen.generate_batch],
                           max_concurrent_activities=config.engine.max_num_seqs),
                    Worker(client, build_id=BUILD_ID, task_queue=admin_queue(queue),
                           activities=[gen.ping, gen.update_weights], max_concurrent_activities=4)]

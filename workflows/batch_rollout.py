@@ -8,31 +8,53 @@ is what lockstep means."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 from temporalio import workflow
-from temporalio.exceptions import ActivityError, ApplicationError
+from temporalio.common import RetryPolicy
+from temporalio.exceptions import ActivityError, ApplicationError, is_cancelled_exception
 
 with workflow.unsafe.imports_passed_through():
     from rollart.contracts import (
         CONTEXT_FULL,
+        Activity,
+        EnvResetResult,
+        EnvStepBatch,
+        EnvStepBatchResult,
+        EnvStepResult,
+        GenerateBatch,
+        GenerateBatchResult,
         GenerateResult,
         PoolUsage,
+        RouteDecision,
         TrajectoryResult,
         TrajectorySpec,
     )
+    from rollart.queues import replica_queue
     from rollart.workflows.trajectory import (
         DONE_SIGNAL,
+        GENERATE_HEARTBEAT,
         close_env,
+        env_retry,
         failure_reason,
+        first_pickup,
         generate_turn,
+        non_retryable,
         reset_env,
         score,
         step_env,
+        step_request,
+        turn_request,
     )
+
+BATCHED_TURNS = "batched-turns"
 
 
 @workflow.defn
 class BatchRolloutWorkflow:
+    def __init__(self) -> None:
+        self.unbatched: set[str] = set()  # replica queues whose batch failed: routed one by one
+
     @workflow.run
     async def run(self, specs: list[TrajectorySpec]) -> list[TrajectoryResult]:
         try:
@@ -75,17 +97,25 @@ class BatchRolloutWorkflow:
             active = [i for i in active if turn < specs[i].max_turns]
             if not active:
                 break
-            turns = await asyncio.gather(*(
-                generate_turn(specs[i], turn, observations[i], resets[i], previous[i])
-                for i in active))
+            if workflow.patched(BATCHED_TURNS):
+                turns = await self._generate(specs, active, turn, observations, resets,
+                                             previous)
+            else:
+                turns = await asyncio.gather(*(
+                    generate_turn(specs[i], turn, observations[i], resets[i], previous[i])
+                    for i in active))
             gens = [gen for gen, _, _ in turns]
             for i, (gen, route, _) in zip(active, turns, strict=True):
                 if gen.finish_reason != CONTEXT_FULL:
                     results[i].gen_usage.setdefault(route.pool, PoolUsage()).add(gen)
             stepping = [(i, gen) for i, gen in zip(active, gens, strict=True)
                         if gen.finish_reason != CONTEXT_FULL]
-            steps = await asyncio.gather(*(
-                step_env(specs[i], resets[i].worker_queue, gen.text) for i, gen in stepping))
+            if workflow.patched(BATCHED_TURNS):
+                steps = await self._step(specs, stepping, resets)
+            else:
+                steps = await asyncio.gather(*(
+                    step_env(specs[i], resets[i].worker_queue, gen.text)
+                    for i, gen in stepping))
             active = []
             for (i, gen), step in zip(stepping, steps, strict=True):
                 results[i].turns += 1
@@ -106,3 +136,87 @@ class BatchRolloutWorkflow:
             for i, spec in enumerate(specs)))
         return [result.model_copy(update=reward.for_trajectory())
                 for result, reward in zip(results, scores, strict=True)]
+
+    async def _generate(self, specs: list[TrajectorySpec], active: list[int], turn: int,
+                        observations: list[str], resets: list[EnvResetResult],
+                        previous: list[GenerateResult | None],
+                        ) -> list[tuple[GenerateResult, RouteDecision, int]]:
+        """The turn of every active trajectory, one activity per replica: each trajectory keeps
+        its replica for the whole episode (the replica holds its context). A replica whose
+        batch fails is left to the router from then on, one request at a time, as a
+        trajectory's turns are (with its re-sends, pings and marking down)."""
+        by_queue: dict[str, list[int]] = {}
+        routed: list[int] = []
+        decisions: dict[int, RouteDecision] = {}
+        for i in active:
+            decisions[i] = batch_replica(specs[i], i)
+            if decisions[i].queue in self.unbatched:
+                routed.append(i)
+            else:
+                by_queue.setdefault(decisions[i].queue, []).append(i)
+
+        async def one_by_one(members: list[int]) -> dict[int, tuple]:
+            done = await asyncio.gather(*(
+                generate_turn(specs[i], turn, observations[i], resets[i], previous[i])
+                for i in members))
+            return dict(zip(members, done, strict=True))
+
+        async def batch(queue: str, members: list[int]) -> dict[int, tuple]:
+            requests = [turn_request(specs[i], turn, observations[i], resets[i], previous[i],
+                                     f"{specs[i].trajectory_id}.{turn}.b") for i in members]
+            try:
+                served = await workflow.execute_activity(
+                    Activity.GEN_GENERATE_BATCH, GenerateBatch(requests=requests),
+                    result_type=GenerateBatchResult, task_queue=queue,
+                    schedule_to_start_timeout=first_pickup(specs[members[0]]),
+                    start_to_close_timeout=timedelta(seconds=max(
+                        specs[i].sampling.generate_timeout_s for i in members)),
+                    heartbeat_timeout=GENERATE_HEARTBEAT,
+                    retry_policy=RetryPolicy(maximum_attempts=1))
+            except ActivityError as err:
+                if is_cancelled_exception(err) or non_retryable(err):
+                    raise
+                workflow.logger.warning("batched turn %d on %s failed (%s): its trajectories "
+                                        "go through the router from now on", turn, queue,
+                                        err.cause or err)
+                self.unbatched.add(queue)
+                return await one_by_one(members)
+            return {i: (result, decisions[i], 0)
+                    for i, result in zip(members, served.results, strict=True)}
+
+        parts = await asyncio.gather(one_by_one(routed),
+                                     *(batch(q, members) for q, members in by_queue.items()))
+        merged = {i: turn for part in parts for i, turn in part.items()}
+        return [merged[i] for i in active]
+
+    async def _step(self, specs: list[TrajectorySpec], stepping: list[tuple[int, GenerateResult]],
+                    resets: list[EnvResetResult]) -> list[EnvStepResult]:
+        """Every env's step, one activity per env worker holding them."""
+        by_queue: dict[str, list[tuple[int, GenerateResult]]] = {}
+        for i, gen in stepping:
+            by_queue.setdefault(resets[i].worker_queue, []).append((i, gen))
+
+        async def batch(queue: str, members: list[tuple[int, GenerateResult]]) -> dict:
+            timeouts = [specs[i].env_timeouts for i, _ in members]
+            done = await workflow.execute_activity(
+                Activity.ENV_STEP_BATCH,
+                EnvStepBatch(steps=[step_request(specs[i], gen.text) for i, gen in members]),
+                result_type=EnvStepBatchResult, task_queue=queue,
+                schedule_to_start_timeout=timedelta(seconds=max(t.pickup_s for t in timeouts)),
+                start_to_close_timeout=timedelta(seconds=max(t.step_s for t in timeouts)),
+                heartbeat_timeout=timedelta(seconds=max(t.heartbeat_s for t in timeouts)),
+                retry_policy=env_retry(specs[members[0][0]]))
+            return {i: step for (i, _), step in zip(members, done.results, strict=True)}
+
+        parts = await asyncio.gather(*(batch(q, members) for q, members in by_queue.items()))
+        merged = {i: step for part in parts for i, step in part.items()}
+        return [merged[i] for i, _ in stepping]
+
+
+def batch_replica(spec: TrajectorySpec, slot: int) -> RouteDecision:
+    """The replica that serves the trajectory at `slot` of a batch for its whole episode: its
+    domain's first pool with replicas, the batch spread evenly over them."""
+    pool, replicas = next((p, n) for p, n in spec.gen_pools if n)
+    return RouteDecision(queue=replica_queue("gen", pool, slot % replicas), pool=pool,
+                         replica=slot % replicas, fallback=pool != spec.gen_pools[0][0],
+                         reason="batch")

@@ -64,7 +64,7 @@ MAX_RESTORES = 3
 DONE_SIGNAL = "trajectory_done"
 
 
-def _env_retry(spec: TrajectorySpec) -> RetryPolicy:
+def env_retry(spec: TrajectorySpec) -> RetryPolicy:
     timeouts = spec.env_timeouts
     return RetryPolicy(initial_interval=timedelta(seconds=timeouts.first_retry_s),
                        backoff_coefficient=2.0, maximum_attempts=timeouts.attempts)
@@ -80,7 +80,7 @@ async def reset_env(spec: TrajectorySpec) -> EnvResetResult:
         result_type=EnvResetResult, task_queue=spec.env_queue,
         start_to_close_timeout=timedelta(seconds=spec.env_timeouts.reset_s),
         heartbeat_timeout=timedelta(seconds=spec.env_timeouts.heartbeat_s),
-        retry_policy=_env_retry(spec),
+        retry_policy=env_retry(spec),
     )
 
 
@@ -95,8 +95,7 @@ async def generate_turn(spec: TrajectorySpec, turn: int, observation: str,
     replica). Never the domain's only replica: there, waiting for it is all there is, so its
     requests wait long before anything is sent again."""
     only_replica = sum(replicas for _, replicas in spec.gen_pools) == 1
-    pickup = ONLY_REPLICA_PICKUP if only_replica else timedelta(
-        seconds=spec.routing.schedule_to_start_s)
+    pickup = first_pickup(spec)
     context_tokens = previous.prompt_tokens + previous.new_tokens if previous else 0
     failures = 0
     unrouted = only_replica and workflow.patched(ONLY_REPLICA_UNROUTED)
@@ -108,12 +107,7 @@ async def generate_turn(spec: TrajectorySpec, turn: int, observation: str,
                          group_id=spec.group_id, context_tokens=context_tokens,
                          pools=spec.gen_pools, routing=spec.routing),
             result_type=RouteDecision, start_to_close_timeout=ROUTE_TIMEOUT)
-        request = GenerateRequest(
-            trajectory_id=spec.trajectory_id, turn=turn, observation=observation,
-            request_id=request_id, after=previous.request_id if previous else None,
-            store_dir=spec.store_dir, sampling=spec.sampling,
-            action_vocabulary=reset.action_vocabulary, answer_alphabet=reset.answer_alphabet,
-            answer_length=reset.answer_length)
+        request = turn_request(spec, turn, observation, reset, previous, request_id)
         try:
             result = await workflow.execute_activity(
                 Activity.GEN_GENERATE, request, result_type=GenerateResult,
@@ -130,7 +124,7 @@ async def generate_turn(spec: TrajectorySpec, turn: int, observation: str,
                 outcome = "failed"  # nowhere else to go: marking it down would change nothing
             if not unrouted:
                 await _release(spec, request_id, outcome)
-            if outcome == "cancelled" or _non_retryable(err):
+            if outcome == "cancelled" or non_retryable(err):
                 raise
             if outcome == "busy":
                 pickup = min(pickup * 2, MAX_PICKUP)
@@ -146,6 +140,24 @@ async def generate_turn(spec: TrajectorySpec, turn: int, observation: str,
     raise ApplicationError(f"turn {turn} of {spec.trajectory_id} was sent {GENERATE_SENDS} "
                            "times and never served: its replicas stay alive but full",
                            type="ReplicasSaturated")
+
+
+def turn_request(spec: TrajectorySpec, turn: int, observation: str, reset: EnvResetResult,
+                 previous: GenerateResult | None, request_id: str) -> GenerateRequest:
+    return GenerateRequest(
+        trajectory_id=spec.trajectory_id, turn=turn, observation=observation,
+        request_id=request_id, after=previous.request_id if previous else None,
+        store_dir=spec.store_dir, sampling=spec.sampling,
+        action_vocabulary=reset.action_vocabulary, answer_alphabet=reset.answer_alphabet,
+        answer_length=reset.answer_length)
+
+
+def first_pickup(spec: TrajectorySpec) -> timedelta:
+    """How long a turn's first send may wait for its replica to pick it up: long where there
+    is no other replica to go to."""
+    if sum(replicas for _, replicas in spec.gen_pools) == 1:
+        return ONLY_REPLICA_PICKUP
+    return timedelta(seconds=spec.routing.schedule_to_start_s)
 
 
 def _only_replica(spec: TrajectorySpec) -> RouteDecision:
@@ -195,7 +207,7 @@ def _outcome(err: ActivityError) -> str:
     return "failed"
 
 
-def _non_retryable(err: ActivityError) -> bool:
+def non_retryable(err: ActivityError) -> bool:
     return isinstance(err.cause, ApplicationError) and err.cause.non_retryable
 
 
@@ -209,17 +221,20 @@ async def _release(spec: TrajectorySpec, request_id: str, outcome: str) -> None:
         workflow.logger.info("router release of %s did not run", request_id)
 
 
+def step_request(spec: TrajectorySpec, action: str) -> EnvStepRequest:
+    return EnvStepRequest(trajectory_id=spec.trajectory_id, action=action,
+                          faults=None if spec.faults == InjectedFaults() else spec.faults,
+                          max_observation_chars=spec.max_observation_chars)
+
+
 async def step_env(spec: TrajectorySpec, worker_queue: str, action: str) -> EnvStepResult:
     return await workflow.execute_activity(
-        Activity.ENV_STEP,
-        EnvStepRequest(trajectory_id=spec.trajectory_id, action=action,
-                       faults=None if spec.faults == InjectedFaults() else spec.faults,
-                       max_observation_chars=spec.max_observation_chars),
+        Activity.ENV_STEP, step_request(spec, action),
         result_type=EnvStepResult, task_queue=worker_queue,
         schedule_to_start_timeout=timedelta(seconds=spec.env_timeouts.pickup_s),
         start_to_close_timeout=timedelta(seconds=spec.env_timeouts.step_s),
         heartbeat_timeout=timedelta(seconds=spec.env_timeouts.heartbeat_s),
-        retry_policy=_env_retry(spec),
+        retry_policy=env_retry(spec),
     )
 
 
@@ -234,7 +249,7 @@ async def restore_env(spec: TrajectorySpec, actions: list[str]) -> EnvResetResul
         result_type=EnvResetResult, task_queue=spec.env_queue,
         start_to_close_timeout=timedelta(seconds=spec.env_timeouts.reset_s),
         heartbeat_timeout=timedelta(seconds=spec.env_timeouts.heartbeat_s),
-        retry_policy=_env_retry(spec),
+        retry_policy=env_retry(spec),
     )
 
 
@@ -252,7 +267,7 @@ async def close_env(spec: TrajectorySpec, worker_queue: str) -> None:
         Activity.ENV_CLOSE, spec.trajectory_id, task_queue=worker_queue,
         schedule_to_start_timeout=timedelta(seconds=spec.env_timeouts.pickup_s),
         start_to_close_timeout=timedelta(seconds=spec.env_timeouts.step_s),
-        retry_policy=_env_retry(spec),
+        retry_policy=env_retry(spec),
     )
 
 
