@@ -30,7 +30,6 @@ with workflow.unsafe.imports_passed_through():
         TrajectoryResult,
         TrajectorySpec,
     )
-    from rollart.queues import replica_queue
     from rollart.workflows.trajectory import (
         DONE_SIGNAL,
         GENERATE_HEARTBEAT,
@@ -44,6 +43,7 @@ with workflow.unsafe.imports_passed_through():
         score,
         step_env,
         step_request,
+        sticky_replica,
         turn_request,
     )
 
@@ -93,11 +93,12 @@ class BatchRolloutWorkflow:
                    for s in specs]
         previous: list[GenerateResult | None] = [None] * len(specs)
         active = list(range(len(specs)))
+        batched = workflow.patched(BATCHED_TURNS)
         for turn in range(max(spec.max_turns for spec in specs)):
             active = [i for i in active if turn < specs[i].max_turns]
             if not active:
                 break
-            if workflow.patched(BATCHED_TURNS):
+            if batched:
                 turns = await self._generate(specs, active, turn, observations, resets,
                                              previous)
             else:
@@ -110,7 +111,7 @@ class BatchRolloutWorkflow:
                     results[i].gen_usage.setdefault(route.pool, PoolUsage()).add(gen)
             stepping = [(i, gen) for i, gen in zip(active, gens, strict=True)
                         if gen.finish_reason != CONTEXT_FULL]
-            if workflow.patched(BATCHED_TURNS):
+            if batched:
                 steps = await self._step(specs, stepping, resets)
             else:
                 steps = await asyncio.gather(*(
@@ -149,7 +150,7 @@ class BatchRolloutWorkflow:
         routed: list[int] = []
         decisions: dict[int, RouteDecision] = {}
         for i in active:
-            decisions[i] = batch_replica(specs[i], i)
+            decisions[i] = sticky_replica(specs[i], i, "batch")
             if decisions[i].queue in self.unbatched:
                 routed.append(i)
             else:
@@ -212,11 +213,3 @@ class BatchRolloutWorkflow:
         merged = {i: step for part in parts for i, step in part.items()}
         return [merged[i] for i, _ in stepping]
 
-
-def batch_replica(spec: TrajectorySpec, slot: int) -> RouteDecision:
-    """The replica that serves the trajectory at `slot` of a batch for its whole episode: its
-    domain's first pool with replicas, the batch spread evenly over them."""
-    pool, replicas = next((p, n) for p, n in spec.gen_pools if n)
-    return RouteDecision(queue=replica_queue("gen", pool, slot % replicas), pool=pool,
-                         replica=slot % replicas, fallback=pool != spec.gen_pools[0][0],
-                         reason="batch")

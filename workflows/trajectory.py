@@ -163,9 +163,16 @@ def first_pickup(spec: TrajectorySpec) -> timedelta:
 def _only_replica(spec: TrajectorySpec) -> RouteDecision:
     """The decision the router would make with one replica in all: no local activity for it
     (two a turn with the release, each a history marker and a workflow activation)."""
-    pool = next(pool for pool, replicas in spec.gen_pools if replicas)
-    return RouteDecision(queue=replica_queue("gen", pool, 0), pool=pool, replica=0,
-                         fallback=pool != spec.gen_pools[0][0], reason="only_replica")
+    return sticky_replica(spec, 0, "only_replica")
+
+
+def sticky_replica(spec: TrajectorySpec, slot: int, reason: str) -> RouteDecision:
+    """The replica at `slot` (modulo their number) of the domain's first pool with replicas,
+    chosen without the router."""
+    pool, replicas = next((p, n) for p, n in spec.gen_pools if n)
+    return RouteDecision(queue=replica_queue("gen", pool, slot % replicas), pool=pool,
+                         replica=slot % replicas, fallback=pool != spec.gen_pools[0][0],
+                         reason=reason)
 
 
 async def _alive_but_busy(err: ActivityError, queue: str, spec: TrajectorySpec) -> bool:
