@@ -29,6 +29,7 @@ from rollart.contracts import (
     EnvRestoreRequest,
     EnvStepBatch,
     EnvStepBatchResult,
+    EnvStepFailure,
     EnvStepRequest,
     EnvStepResult,
 )
@@ -52,8 +53,10 @@ class EnvActivities:
         self.last_step: dict[str, tuple[str, EnvStepResult]] = {}
         self.domains: dict[str, str] = {}  # per trajectory, for the latency metric's label
         self._lock = threading.Lock()
-        # the last step of the episodes that ended last: a retry of it gets its result
-        self.ended_steps: OrderedDict[str, tuple[str | None, EnvStepResult]] = OrderedDict()
+        # the last step of the episodes that ended last: a retry of it gets its result (or
+        # the env's error again, where the env raised)
+        self.ended_steps: OrderedDict[
+            str, tuple[str | None, EnvStepResult | ApplicationError]] = OrderedDict()
         self._batch_pool: concurrent.futures.ThreadPoolExecutor | None = None
 
     @activity.defn(name=Activity.ENV_CHECK)
@@ -145,17 +148,36 @@ class EnvActivities:
     def step_batch(self, batch: EnvStepBatch) -> EnvStepBatchResult:
         """Every step of a lockstep batch's turn held by this worker, at once (their latencies
         overlap as separate activities' would). Exactly once per step as `step` is: a retried
-        batch takes again only the steps its failed attempt did not. One failed step fails the
-        batch, with a non-retryable failure first if there is one."""
+        batch takes again only the steps its failed attempt did not. A non-retryable failure
+        (the env raised) is that step's alone; a retryable one fails the attempt, except on the
+        batch's last attempt, where it and any step still running near the deadline are
+        answered as that step's failure."""
+        isolating = batch.attempts > 0
+        last = isolating and activity.in_activity() and activity.info().attempt >= batch.attempts
         with heartbeating_thread():
             futures = [self._batch_threads().submit(contextvars.copy_context().run,
                                                     self._observed_step, request, str(index))
                        for index, request in enumerate(batch.steps)]
-            concurrent.futures.wait(futures)
-        errors = [f.exception() for f in futures if f.exception() is not None]
-        if errors:
-            raise min(errors, key=lambda e: not getattr(e, "non_retryable", False))
-        return EnvStepBatchResult(results=[f.result() for f in futures])
+            concurrent.futures.wait(futures, timeout=_time_left_s(margin=True) if last else None)
+        results: list[EnvStepResult | None] = []
+        failures: list[EnvStepFailure | None] = []
+        for future in futures:
+            error = future.exception() if future.done() else None
+            if future.done() and error is None:
+                results.append(future.result())
+                failures.append(None)
+                continue
+            if error is not None and not (
+                    last or (isolating and getattr(error, "non_retryable", False))):
+                raise error
+            if error is None:
+                error = ApplicationError("env step did not finish before the batch's deadline",
+                                         type="EnvStepTimeout")
+            results.append(None)
+            failures.append(EnvStepFailure(
+                type=getattr(error, "type", None) or type(error).__name__, message=str(error)))
+        return EnvStepBatchResult(results=results,
+                                  failures=failures if any(failures) else [])
 
     def _batch_threads(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
@@ -186,7 +208,9 @@ class EnvActivities:
             self.attempts[tid] = attempt
             last = self.ended_steps.get(tid) if env is None else None
         if last is not None and step_id is not None and last[0] == step_id:
-            return last[1]  # the episode ended on this very step, in an earlier attempt
+            if isinstance(last[1], ApplicationError):  # the episode ended on this very step,
+                raise last[1]  # in an earlier attempt
+            return last[1]
         if env is None:
             raise ApplicationError(
                 f"no live environment for {tid} on {self.worker_queue} "
@@ -208,8 +232,10 @@ class EnvActivities:
                 # A step may have changed the env before raising: retrying it would not be the
                 # same step, so the trajectory fails with the env's own error.
                 self.close(tid)
-                raise ApplicationError(f"{type(err).__name__}: {err}", type="EnvironmentError",
-                                       non_retryable=True) from err
+                failure = ApplicationError(f"{type(err).__name__}: {err}",
+                                           type="EnvironmentError", non_retryable=True)
+                self._ended(tid, step_id, failure)
+                raise failure from err
             _check_size(result.observation, request.max_observation_chars, "step")
             out = EnvStepResult(observation=result.observation, reward=result.reward,
                                 terminated=result.terminated, truncated=result.truncated,
@@ -218,11 +244,15 @@ class EnvActivities:
             self.last_step[tid] = (step_id, out)
         if result.terminated or result.truncated:
             self.close(tid)
-            with self._lock:
-                self.ended_steps[tid] = (step_id, out)
-                while len(self.ended_steps) > ENDED_KEPT:
-                    self.ended_steps.popitem(last=False)
+            self._ended(tid, step_id, out)
         return out
+
+    def _ended(self, tid: str, step_id: str | None,
+               outcome: EnvStepResult | ApplicationError) -> None:
+        with self._lock:
+            self.ended_steps[tid] = (step_id, outcome)
+            while len(self.ended_steps) > ENDED_KEPT:
+                self.ended_steps.popitem(last=False)
 
     def _inject(self, request: EnvStepRequest) -> None:
         """Synthetic latency, transient failures and hangs, all before the env is touched."""
@@ -249,15 +279,24 @@ class EnvActivities:
             closer()
 
 
+def _time_left_s(margin: bool = False) -> float | None:
+    """Seconds until this attempt's start-to-close deadline (None without one); with `margin`,
+    less a tenth of the timeout (at most 1 s), time to answer before the server gives up."""
+    if not activity.in_activity():
+        return None
+    info = activity.info()
+    if info.start_to_close_timeout is None or info.started_time is None:
+        return None
+    timeout = info.start_to_close_timeout.total_seconds()
+    left = (info.started_time - datetime.now(UTC)).total_seconds() + timeout
+    return max(left - (min(timeout / 10, 1.0) if margin else 0.0), 0.0)
+
+
 def _past_deadline() -> bool:
     """Whether this attempt has outlived its start-to-close timeout: the server has failed it
     already, and its trajectory may be failed and its env about to be released."""
-    if not activity.in_activity():
-        return False
-    info = activity.info()
-    if info.start_to_close_timeout is None or info.started_time is None:
-        return False
-    return datetime.now(UTC) > info.started_time + info.start_to_close_timeout
+    left = _time_left_s()
+    return left is not None and left <= 0
 
 
 def _check_size(observation: str, limit: int, where: str) -> None:

@@ -135,7 +135,8 @@ class GenerateActivities:
     async def generate_batch(self, batch: GenerateBatch) -> GenerateBatchResult:
         """A lockstep batch's turn on this replica: every request reaches the engine at once,
         as separate activities' would, but the server dispatches one activity instead of one
-        per trajectory. One failed request fails the batch (the workflow sends each again)."""
+        per trajectory. One failed request fails the batch (the workflow then sends each
+        on its own)."""
         results = await heartbeating(asyncio.gather(*(self._serve(r) for r in batch.requests)))
         return GenerateBatchResult(results=list(results))
 

@@ -269,7 +269,7 @@ class AlgorithmConfig(StrictModel):
         "trajectory", description="trajectory: one workflow per trajectory, each at its own "
         "pace; batch: the groups the supply starts together take each turn together in one "
         "workflow (far fewer workflow tasks a turn, but every turn waits for their slowest env "
-        "step; a failing trajectory fails them all); auto: batch while the measured env steps "
+        "step; a failing trajectory still fails alone); auto: batch while the measured env steps "
         "make that wait at most batch_turn_overhead_s a turn, trajectory otherwise.")
     batch_turn_overhead_s: float = Field(
         0.04, ge=0, description="What orchestration costs a trajectory-level turn beyond its "

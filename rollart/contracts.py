@@ -140,10 +140,22 @@ class EnvStepBatch(BaseModel):
     turn costs the server one activity per env worker instead of one per trajectory."""
 
     steps: list[EnvStepRequest]
+    attempts: int = Field(0, ge=0, description="The retry policy's attempts: the last one "
+                          "answers each step that still fails or hangs as a failure of its own, "
+                          "so one env does not fail the others' turn; 0: every failure raises.")
+
+
+class EnvStepFailure(BaseModel):
+    type: str = Field(description="The error's type, e.g. EnvironmentError or EnvStepTimeout.")
+    message: str
 
 
 class EnvStepBatchResult(BaseModel):
-    results: list[EnvStepResult] = Field(description="In the order of the steps.")
+    results: list[EnvStepResult | None] = Field(description="In the order of the steps; None "
+                                                "where the step failed.")
+    failures: list[EnvStepFailure | None] = Field(
+        default_factory=list, description="In the order of the steps where any failed; empty "
+        "when none did.")
 
 
 class GenerateRequest(BaseModel):

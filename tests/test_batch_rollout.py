@@ -20,6 +20,7 @@ from rollart.contracts import (
     EnvResetResult,
     EnvStepBatch,
     EnvStepBatchResult,
+    EnvStepFailure,
     EnvStepResult,
     GenerateBatch,
     GenerateBatchResult,
@@ -118,3 +119,84 @@ async def test_a_replica_whose_batch_fails_serves_its_trajectories_one_by_one(
     assert scheduled[("gen.generate_batch", r1)] == TURNS
     assert sum(n for (name, _), n in scheduled.items() if name == "gen.generate") == 2 * TURNS
     assert scheduled[("env.step_batch", env_queue)] == TURNS
+
+
+def failing_activities(queue: str, calls: Counter) -> list:
+    """An env worker whose env "-2" raises on its second step, and a replica that cannot serve
+    trajectory "-3" from its third turn on (batched or not)."""
+    @activity.defn(name=Activity.ENV_RESET)
+    async def reset(request: EnvResetRequest) -> EnvResetResult:
+        return EnvResetResult(observation="start", worker_queue=queue)
+
+    @activity.defn(name=Activity.ENV_STEP_BATCH)
+    async def step_batch(batch: EnvStepBatch) -> EnvStepBatchResult:
+        calls["step_batch"] += 1
+        assert batch.attempts == 3  # the env retry policy's: the last attempt isolates
+        broken = [s.trajectory_id.endswith("-2") and calls["step_batch"] == 2
+                  for s in batch.steps]
+        return EnvStepBatchResult(
+            results=[None if fails else EnvStepResult(observation="next", reward=1.0,
+                                                      terminated=False, truncated=False)
+                     for fails in broken],
+            failures=[EnvStepFailure(type="EnvironmentError", message="RuntimeError: boom")
+                      if fails else None for fails in broken])
+
+    @activity.defn(name=Activity.ENV_CLOSE)
+    async def close(trajectory_id: str) -> None:
+        calls[f"close {trajectory_id[-2:]}"] += 1
+
+    @activity.defn(name=Activity.REWARD_COMPUTE)
+    async def compute(request: RewardRequest) -> RewardResult:
+        calls["reward"] += 1
+        return RewardResult(reward=sum(request.env_rewards), success=True)
+
+    def garbage(request: GenerateRequest) -> bool:
+        return request.trajectory_id.endswith("-3") and request.turn >= 2
+
+    @activity.defn(name=Activity.GEN_GENERATE)
+    async def generate(request: GenerateRequest) -> GenerateResult:
+        if garbage(request):
+            raise ApplicationError("the model's output is not an action", type="Garbage",
+                                   non_retryable=True)
+        return answer(request, "r0")
+
+    @activity.defn(name=Activity.GEN_GENERATE_BATCH)
+    async def generate_batch(batch: GenerateBatch) -> GenerateBatchResult:
+        if any(garbage(r) for r in batch.requests):
+            raise ApplicationError("a request cannot be served", type="Garbage",
+                                   non_retryable=True)
+        return GenerateBatchResult(results=[answer(r, "r0") for r in batch.requests])
+
+    return [reset, step_batch, close, compute, generate, generate_batch]
+
+
+async def test_a_trajectory_that_fails_in_a_batch_fails_alone(temporal_server, tmp_path):
+    config = make_config(temporal_server, tmp_path)
+    run = uuid.uuid4().hex[:8]
+    pool, env_queue, control_queue = f"fail{run}", f"fail-{run}.env", f"fail-{run}.control"
+    specs = [TrajectorySpec.for_domain(config, "frozenlake", f"{run}-{i}", "g", seed=i)
+             .model_copy(update={"max_turns": 4, "gen_pools": [(pool, 1)],
+                                 "env_queue": env_queue, "reward_queue": env_queue})
+             for i in range(4)]
+    client = await connect(config.temporal)
+    router, calls = RouterActivities(), Counter()
+    fleet = failing_activities(env_queue, calls)
+    workers = [
+        Worker(client, task_queue=control_queue, workflows=[BatchRolloutWorkflow],
+               activities=[router.route, router.release],
+               workflow_runner=UnsandboxedWorkflowRunner()),
+        Worker(client, task_queue=env_queue, activities=fleet[:4]),
+        Worker(client, task_queue=replica_queue("gen", pool, 0), activities=fleet[4:]),
+    ]
+    async with workers[0], workers[1], workers[2]:
+        results = await client.execute_workflow(
+            BatchRolloutWorkflow.run, specs, id=f"fail-{run}", task_queue=control_queue,
+            result_type=list[TrajectoryResult])
+    assert [r.status for r in results] == ["completed", "completed", "failed", "failed"]
+    assert [r.turns for r in results] == [4, 4, 1, 2]
+    assert results[2].failure == "step: EnvironmentError"
+    assert "failed in step (turn 1): RuntimeError: boom" in results[2].error
+    assert results[3].failure == "generate: Garbage"
+    assert "failed in generate (turn 2)" in results[3].error
+    assert calls["reward"] == 2  # only the completed ones are scored
+    assert all(calls[f"close -{i}"] == 1 for i in range(4))  # every env given back once

@@ -1,5 +1,6 @@
 import time
 
+import envs_for_tests  # noqa: F401  (registers the test environments)
 import pytest
 from temporalio.exceptions import ApplicationError
 
@@ -99,3 +100,66 @@ def test_a_batch_steps_every_env_at_once_and_a_retry_steps_only_what_failed():
     assert c.seconds < 0.3 and not c.terminated  # stepped once, now
     moved = envs.step(EnvStepRequest(trajectory_id="a", action="Down"))
     assert moved.terminated  # the hole at (1, 1): "a" moved right exactly once
+
+
+def test_a_batch_answers_its_failed_steps_one_by_one_on_its_last_attempt():
+    """Where the batch isolates failures (attempts > 0): an env that raises fails its own step
+    at once; a transient failure is retried until the last attempt; a step still hung near the
+    deadline is answered as a timeout; the other steps' results come back."""
+    import dataclasses
+    from datetime import UTC, datetime, timedelta
+
+    from temporalio.testing import ActivityEnvironment
+
+    from rollart.contracts import EnvStepBatch
+
+    envs = EnvActivities("q")
+    envs.reset(EnvResetRequest(trajectory_id="ok", env_name="frozenlake", seed=0))
+    envs.reset(EnvResetRequest(trajectory_id="boom", env_name="exploding",
+                               env_kwargs={"every": 1}, seed=0))
+    for tid in ("flaky", "hung"):
+        envs.reset(EnvResetRequest(trajectory_id=tid, env_name="frozenlake", seed=0))
+    failing = InjectedFaults(step_failure_rate=1.0)
+    hanging = InjectedFaults(step_hang_rate=1.0, hang_s=3.0)
+
+    def batch(hang: bool) -> EnvStepBatch:
+        return EnvStepBatch(attempts=2, steps=[
+            EnvStepRequest(trajectory_id="ok", action="Right"),
+            EnvStepRequest(trajectory_id="boom", action="Right"),
+            EnvStepRequest(trajectory_id="flaky", action="Right", faults=failing),
+            EnvStepRequest(trajectory_id="hung", action="Right",
+                           faults=hanging if hang else None)])
+
+    environment = ActivityEnvironment()
+    environment.info = dataclasses.replace(
+        environment.info, activity_id="turn-0", started_time=datetime.now(UTC),
+        start_to_close_timeout=timedelta(seconds=30))
+    with pytest.raises(ApplicationError) as failed:  # attempt 1 of 2: the transient one retries
+        environment.run(envs.step_batch, batch(hang=False))
+    assert failed.value.type == "InjectedFault"
+    environment.info = dataclasses.replace(
+        environment.info, attempt=2, started_time=datetime.now(UTC),
+        start_to_close_timeout=timedelta(seconds=1.5))
+    started = time.perf_counter()
+    last = environment.run(envs.step_batch, batch(hang=True))
+    assert 1.2 < time.perf_counter() - started < 2.5  # answered before the 1.5 s deadline
+    ok, boom, flaky, hung = last.results
+    assert ok is not None and not ok.terminated and boom is flaky is hung is None
+    assert [f.type if f else None for f in last.failures] == [
+        None, "EnvironmentError", "InjectedFault", "EnvStepTimeout"]
+    assert "boom: the simulator crashed" in last.failures[1].message  # the env's own error
+    assert envs.step(EnvStepRequest(trajectory_id="ok", action="Down")).terminated  # once
+
+
+def test_a_batch_without_isolation_raises_its_first_non_retryable_failure():
+
+    from rollart.contracts import EnvStepBatch
+
+    envs = EnvActivities("q")
+    envs.reset(EnvResetRequest(trajectory_id="ok", env_name="frozenlake", seed=0))
+    envs.reset(EnvResetRequest(trajectory_id="boom", env_name="exploding",
+                               env_kwargs={"every": 1}, seed=0))
+    with pytest.raises(ApplicationError) as failed:
+        envs.step_batch(EnvStepBatch(steps=[EnvStepRequest(trajectory_id="ok", action="Right"),
+                                            EnvStepRequest(trajectory_id="boom", action="Right")]))
+    assert failed.value.type == "EnvironmentError" and failed.value.non_retryable

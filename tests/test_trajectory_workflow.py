@@ -185,13 +185,19 @@ async def test_batch_rollout_steps_every_trajectory_in_lockstep(temporal_server,
                                                                 tmp_path):
     config = make_config(temporal_server, tmp_path)
     specs = [spec_for(config, f"lockstep-{i}", "corridor", 4) for i in range(3)]
+    specs.append(spec_for(config, "lockstep-boom", "exploding", 4).model_copy(
+        update={"env_kwargs": {"every": 1}}))
     async with in_process_fleet(config, engine, ROLLOUT_ROLES) as client:
         results = await client.execute_workflow(
             BatchRolloutWorkflow.run, specs, id="lockstep", result_type=list[TrajectoryResult],
             task_queue=config.temporal.control_queue,
         )
         scheduled = await scheduled_activities(client, "lockstep")
-    assert [r.turns for r in results] == [4, 4, 4]
+    assert [r.turns for r in results] == [4, 4, 4, 0]
+    # the env that raised failed its own trajectory; the batch went on without it
+    assert [r.status for r in results] == ["completed"] * 3 + ["failed"]
+    assert results[3].failure == "step: EnvironmentError"
+    assert "boom: the simulator crashed" in results[3].error
     store = TrajectoryStore(config.store_dir)
     assert all(len(store.read(f"lockstep-{i}")) == 4 for i in range(3))
     # one generate and one env activity per turn for the whole batch (one replica, one env

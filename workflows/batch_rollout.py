@@ -2,12 +2,13 @@
 measured against. Every trajectory of the batch takes each turn together (generate for all, then
 step all envs), so each turn waits for the slowest environment of the batch. Started by a
 TrainingWorkflow (mode lockstep, or rollout_unit batch or auto), it reports each trajectory's end
-to it by signal, as TrajectoryWorkflow does; one failing trajectory fails the whole batch, which
-is what lockstep means."""
+to it by signal, as TrajectoryWorkflow does. A trajectory whose env or generation fails ends
+failed on its own while the rest go on (histories from before batched turns failed the batch).""" 
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from datetime import timedelta
 
 from temporalio import workflow
@@ -21,6 +22,7 @@ with workflow.unsafe.imports_passed_through():
         EnvResetResult,
         EnvStepBatch,
         EnvStepBatchResult,
+        EnvStepFailure,
         EnvStepResult,
         GenerateBatch,
         GenerateBatchResult,
@@ -48,12 +50,29 @@ with workflow.unsafe.imports_passed_through():
     )
 
 BATCHED_TURNS = "batched-turns"
+ISOLATED_FAILURES = "batch-isolated-failures"
+
+
+class TurnFailed:
+    """One trajectory's turn that failed for good: an outcome, not raised (the batch goes on)."""
+
+    def __init__(self, phase: str, reason: str, message: str) -> None:
+        self.phase, self.reason, self.message = phase, reason, message
+
+    def __str__(self) -> str:
+        return self.message
+
+    @classmethod
+    def of(cls, phase: str, err: ActivityError) -> TurnFailed:
+        cause = err.cause.message if err.cause is not None else str(err)
+        return cls(phase, failure_reason(phase, err), cause)
 
 
 @workflow.defn
 class BatchRolloutWorkflow:
     def __init__(self) -> None:
         self.unbatched: set[str] = set()  # replica queues whose batch failed: routed one by one
+        self.isolated = False  # a trajectory's failure is its own (else it fails the batch)
 
     @workflow.run
     async def run(self, specs: list[TrajectorySpec]) -> list[TrajectoryResult]:
@@ -93,7 +112,9 @@ class BatchRolloutWorkflow:
                    for s in specs]
         previous: list[GenerateResult | None] = [None] * len(specs)
         active = list(range(len(specs)))
+        releases: list[asyncio.Task] = []  # failed trajectories' envs being closed meanwhile
         batched = workflow.patched(BATCHED_TURNS)
+        self.isolated = batched and workflow.patched(ISOLATED_FAILURES)
         for turn in range(max(spec.max_turns for spec in specs)):
             active = [i for i in active if turn < specs[i].max_turns]
             if not active:
@@ -105,12 +126,16 @@ class BatchRolloutWorkflow:
                 turns = await asyncio.gather(*(
                     generate_turn(specs[i], turn, observations[i], resets[i], previous[i])
                     for i in active))
-            gens = [gen for gen, _, _ in turns]
-            for i, (gen, route, _) in zip(active, turns, strict=True):
+            stepping, failed = [], []
+            for i, done in zip(active, turns, strict=True):
+                if isinstance(done, TurnFailed):
+                    results[i] = self._failed(specs[i], results[i], turn, done)
+                    failed.append(i)
+                    continue
+                gen, route, _ = done
                 if gen.finish_reason != CONTEXT_FULL:
                     results[i].gen_usage.setdefault(route.pool, PoolUsage()).add(gen)
-            stepping = [(i, gen) for i, gen in zip(active, gens, strict=True)
-                        if gen.finish_reason != CONTEXT_FULL]
+                    stepping.append((i, gen))
             if batched:
                 steps = await self._step(specs, stepping, resets)
             else:
@@ -119,6 +144,10 @@ class BatchRolloutWorkflow:
                     for i, gen in stepping))
             active = []
             for (i, gen), step in zip(stepping, steps, strict=True):
+                if isinstance(step, TurnFailed):
+                    results[i] = self._failed(specs[i], results[i], turn, step)
+                    failed.append(i)
+                    continue
                 results[i].turns += 1
                 previous[i] = gen
                 results[i].generated_tokens += gen.new_tokens
@@ -131,21 +160,38 @@ class BatchRolloutWorkflow:
                 rewards[i].append(step.reward)
                 if not (step.terminated or step.truncated):
                     active.append(i)
-        await asyncio.gather(*(close_env(specs[i], resets[i].worker_queue) for i in active))
+            releases += [asyncio.create_task(_give_back(specs[i], resets[i])) for i in failed]
+        await asyncio.gather(*(close_env(specs[i], resets[i].worker_queue) for i in active),
+                             *releases)
+        ended = [i for i, result in enumerate(results) if result.status == "completed"]
         scores = await asyncio.gather(*(
-            score(spec, rewards[i], infos[i], resets[i].observation, actions[i])
-            for i, spec in enumerate(specs)))
-        return [result.model_copy(update=reward.for_trajectory())
-                for result, reward in zip(results, scores, strict=True)]
+            score(specs[i], rewards[i], infos[i], resets[i].observation, actions[i])
+            for i in ended))
+        for i, reward in zip(ended, scores, strict=True):
+            results[i] = results[i].model_copy(update=reward.for_trajectory())
+        return results
+
+    @staticmethod
+    def _failed(spec: TrajectorySpec, result: TrajectoryResult, turn: int,
+                failed: TurnFailed) -> TrajectoryResult:
+        workflow.logger.warning("trajectory %s of batch %s failed in %s (turn %d): %s",
+                                spec.trajectory_id, workflow.info().workflow_id, failed.phase,
+                                turn, failed)
+        return result.model_copy(update={
+            "status": "failed", "failure": failed.reason,
+            "error": f"trajectory {spec.trajectory_id} failed in {failed.phase} "
+                     f"(turn {turn}): {failed}"})
 
     async def _generate(self, specs: list[TrajectorySpec], active: list[int], turn: int,
                         observations: list[str], resets: list[EnvResetResult],
                         previous: list[GenerateResult | None],
-                        ) -> list[tuple[GenerateResult, RouteDecision, int]]:
+                        ) -> list[tuple[GenerateResult, RouteDecision, int] | TurnFailed]:
         """The turn of every active trajectory, one activity per replica: each trajectory keeps
         its replica for the whole episode (the replica holds its context). A replica whose
         batch fails is left to the router from then on, one request at a time, as a
-        trajectory's turns are (with its re-sends, pings and marking down)."""
+        trajectory's turns are (with its re-sends, pings and marking down); a batch that fails
+        for good (a request it cannot serve) is retried one request at a time, so that only
+        the trajectory at fault fails."""
         by_queue: dict[str, list[int]] = {}
         routed: list[int] = []
         decisions: dict[int, RouteDecision] = {}
@@ -156,10 +202,17 @@ class BatchRolloutWorkflow:
             else:
                 by_queue.setdefault(decisions[i].queue, []).append(i)
 
-        async def one_by_one(members: list[int]) -> dict[int, tuple]:
-            done = await asyncio.gather(*(
-                generate_turn(specs[i], turn, observations[i], resets[i], previous[i])
-                for i in members))
+        async def one(i: int) -> tuple | TurnFailed:
+            try:
+                return await generate_turn(specs[i], turn, observations[i], resets[i],
+                                           previous[i])
+            except ActivityError as err:
+                if not self.isolated or is_cancelled_exception(err):
+                    raise
+                return TurnFailed.of("generate", err)
+
+        async def one_by_one(members: list[int]) -> dict[int, tuple | TurnFailed]:
+            done = await asyncio.gather(*(one(i) for i in members))
             return dict(zip(members, done, strict=True))
 
         async def batch(queue: str, members: list[int]) -> dict[int, tuple]:
@@ -175,8 +228,10 @@ class BatchRolloutWorkflow:
                     heartbeat_timeout=GENERATE_HEARTBEAT,
                     retry_policy=RetryPolicy(maximum_attempts=1))
             except ActivityError as err:
-                if is_cancelled_exception(err) or non_retryable(err):
+                if is_cancelled_exception(err) or (non_retryable(err) and not self.isolated):
                     raise
+                if non_retryable(err):
+                    return await one_by_one(members)
                 workflow.logger.warning("batched turn %d on %s failed (%s): its trajectories "
                                         "go through the router from now on", turn, queue,
                                         err.cause or err)
@@ -191,25 +246,48 @@ class BatchRolloutWorkflow:
         return [merged[i] for i in active]
 
     async def _step(self, specs: list[TrajectorySpec], stepping: list[tuple[int, GenerateResult]],
-                    resets: list[EnvResetResult]) -> list[EnvStepResult]:
-        """Every env's step, one activity per env worker holding them."""
+                    resets: list[EnvResetResult]) -> list[EnvStepResult | TurnFailed]:
+        """Every env's step, one activity per env worker holding them; a step that fails on its
+        last attempt, or every step of a worker that is gone, fails its own trajectory."""
         by_queue: dict[str, list[tuple[int, GenerateResult]]] = {}
         for i, gen in stepping:
             by_queue.setdefault(resets[i].worker_queue, []).append((i, gen))
 
         async def batch(queue: str, members: list[tuple[int, GenerateResult]]) -> dict:
             timeouts = [specs[i].env_timeouts for i, _ in members]
-            done = await workflow.execute_activity(
-                Activity.ENV_STEP_BATCH,
-                EnvStepBatch(steps=[step_request(specs[i], gen.text) for i, gen in members]),
-                result_type=EnvStepBatchResult, task_queue=queue,
-                schedule_to_start_timeout=timedelta(seconds=max(t.pickup_s for t in timeouts)),
-                start_to_close_timeout=timedelta(seconds=max(t.step_s for t in timeouts)),
-                heartbeat_timeout=timedelta(seconds=max(t.heartbeat_s for t in timeouts)),
-                retry_policy=env_retry(specs[members[0][0]]))
-            return {i: step for (i, _), step in zip(members, done.results, strict=True)}
+            retry = env_retry(specs[members[0][0]])
+            try:
+                done = await workflow.execute_activity(
+                    Activity.ENV_STEP_BATCH,
+                    EnvStepBatch(steps=[step_request(specs[i], gen.text) for i, gen in members],
+                                 attempts=retry.maximum_attempts if self.isolated else 0),
+                    result_type=EnvStepBatchResult, task_queue=queue,
+                    schedule_to_start_timeout=timedelta(seconds=max(t.pickup_s
+                                                                    for t in timeouts)),
+                    start_to_close_timeout=timedelta(seconds=max(t.step_s for t in timeouts)),
+                    heartbeat_timeout=timedelta(seconds=max(t.heartbeat_s for t in timeouts)),
+                    retry_policy=retry)
+            except ActivityError as err:
+                if not self.isolated or is_cancelled_exception(err):
+                    raise
+                return {i: TurnFailed.of("step", err) for i, _ in members}
+            failures = done.failures or [None] * len(members)
+            return {i: step if failure is None else _step_failed(failure)
+                    for (i, _), step, failure in zip(members, done.results, failures,
+                                                     strict=True)}
 
         parts = await asyncio.gather(*(batch(q, members) for q, members in by_queue.items()))
         merged = {i: step for part in parts for i, step in part.items()}
         return [merged[i] for i, _ in stepping]
 
+
+
+def _step_failed(failure: EnvStepFailure) -> TurnFailed:
+    return TurnFailed("step", f"step: {failure.type}", failure.message)
+
+
+async def _give_back(spec: TrajectorySpec, reset: EnvResetResult) -> None:
+    """A failed trajectory's env, closed if its worker still holds it (best effort: the worker
+    may be gone, and the env may have closed itself when it raised)."""
+    with contextlib.suppress(ActivityError):
+        await close_env(spec, reset.worker_queue)
