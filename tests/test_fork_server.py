@@ -92,3 +92,30 @@ def test_an_exit_reported_with_its_pid_is_not_lost(server, tmp_path):
     workers = [server.spawn(["-c", "pass"], {}, tmp_path / f"w{k}.log") for k in range(5)]
     time.sleep(0.5)
     assert [worker.wait(10) for worker in workers] == [0] * 5
+
+
+def test_a_forked_workers_cpu_is_counted_under_its_own_name(tmp_path):
+    """The forked workers are the fork server's children: the CPU table names them by role."""
+    import sys
+
+    from rollart.config import load_config
+    from rollart.workers.stack import Stack
+
+    config = load_config(None, run_dir=str(tmp_path), **{"weights.backend": "local"})
+    stack = Stack(config, tmp_path / "config.json", start_server=False)
+    stack.fork_server = ForkServer(tmp_path / "fork_server.log", preload=["json"]).start()
+    spin = "import time\nend = time.process_time() + 5\nwhile time.process_time() < end: pass"
+    stack.commands = {"gen.cpu.r0": [sys.executable, "-c", spin]}
+    stack.forked = {"gen.cpu.r0"}
+    stack.logs.mkdir(parents=True)
+    try:
+        stack.spawn("gen.cpu.r0")
+        worker = psutil.Process(stack.processes["gen.cpu.r0"].pid)
+        while sum(worker.cpu_times()[:2]) < 0.3:
+            time.sleep(0.05)
+        seen = stack.cpu_seconds()
+        os.killpg(worker.pid, signal.SIGKILL)
+    finally:
+        stack.fork_server.stop()
+    assert seen.get("gen.cpu.r0", 0) >= 0.3, seen
+    assert not any(name.startswith("fork server ") for name in seen), seen

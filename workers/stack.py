@@ -113,11 +113,15 @@ class Stack:
         second)."""
         import psutil
 
-        roots = {name: process.pid for name, process in self.processes.items()}
-        for name, server in (("temporal dev server", self.server if self.start_server else None),
-                             ("mooncake master", self.mooncake), ("fork server", self.fork_server)):
+        roots: dict[str, int] = {}
+        # the fork server first: the workers it forked are its children, and each worker's
+        # own walk below labels it and its engine processes by the worker's name
+        for name, server in (("fork server", self.fork_server),
+                             ("temporal dev server", self.server if self.start_server else None),
+                             ("mooncake master", self.mooncake)):
             if server is not None and server.process is not None:
                 roots[name] = server.process.pid
+        roots.update({name: process.pid for name, process in self.processes.items()})
         for name, pid in roots.items():
             try:
                 root = psutil.Process(pid)
