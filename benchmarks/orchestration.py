@@ -94,11 +94,14 @@ FINDINGS = [
     "markers): 12 history events and 2,108 bytes a turn instead of 14 and 2,910; control "
     "19.0 -> 13.1 ms of CPU per turn (2026-12-03, on a machine whose floor was 1.8x slower "
     "that day: a no-op activity 31.5 ms one at a time instead of 17.7).",
-    "Left: 12 history events a turn (two activities, two workflow tasks). The dev server's "
-    "~12-21 ms of CPU per activity and its workflow task is the floor of this design on one "
-    "small machine: two activities a turn cap it near 55 turns/s on 2 cores before any other "
-    "work, whatever rollart does; `algorithm.rollout_unit = \"batch\"` or `\"auto\"` shares "
-    "workflow tasks among trajectories where lockstep turns cost little.",
+    "Lockstep batches (`algorithm.rollout_unit = \"batch\"`): 64 trajectories take one "
+    "generate activity per replica and one env activity per env worker a turn, 200-211 "
+    "turns/s over 2 runs (2026-12-06), ~6x the per-trajectory workflows; a trajectory whose "
+    "env raises or hangs fails alone and the rest of the batch goes on.",
+    "Left: 12 history events a turn (two activities, two workflow tasks) on the "
+    "per-trajectory path, still the default. The dev server's ~12-21 ms of CPU per activity "
+    "and its workflow task is the floor of that design on one small machine: two activities "
+    "a turn cap it near 55 turns/s on 2 cores before any other work, whatever rollart does.",
 ]
 
 
