@@ -122,10 +122,13 @@ async def test_a_replica_whose_batch_fails_serves_its_trajectories_one_by_one(
 
 
 def failing_activities(queue: str, calls: Counter) -> list:
-    """An env worker whose env "-2" raises on its second step, and a replica that cannot serve
-    trajectory "-3" from its third turn on (batched or not)."""
+    """An env worker whose env "-2" raises on its second step and whose env "-4" cannot be
+    opened, and a replica that cannot serve trajectory "-3" from its third turn on (batched or
+    not)."""
     @activity.defn(name=Activity.ENV_RESET)
     async def reset(request: EnvResetRequest) -> EnvResetResult:
+        if request.trajectory_id.endswith("-4"):
+            raise ApplicationError("no such map", type="EnvironmentError", non_retryable=True)
         return EnvResetResult(observation="start", worker_queue=queue)
 
     @activity.defn(name=Activity.ENV_STEP_BATCH)
@@ -177,7 +180,7 @@ async def test_a_trajectory_that_fails_in_a_batch_fails_alone(temporal_server, t
     specs = [TrajectorySpec.for_domain(config, "frozenlake", f"{run}-{i}", "g", seed=i)
              .model_copy(update={"max_turns": 4, "gen_pools": [(pool, 1)],
                                  "env_queue": env_queue, "reward_queue": env_queue})
-             for i in range(4)]
+             for i in range(5)]
     client = await connect(config.temporal)
     router, calls = RouterActivities(), Counter()
     fleet = failing_activities(env_queue, calls)
@@ -192,11 +195,14 @@ async def test_a_trajectory_that_fails_in_a_batch_fails_alone(temporal_server, t
         results = await client.execute_workflow(
             BatchRolloutWorkflow.run, specs, id=f"fail-{run}", task_queue=control_queue,
             result_type=list[TrajectoryResult])
-    assert [r.status for r in results] == ["completed", "completed", "failed", "failed"]
-    assert [r.turns for r in results] == [4, 4, 1, 2]
+    assert [r.status for r in results] == ["completed", "completed"] + ["failed"] * 3
+    assert [r.turns for r in results] == [4, 4, 1, 2, 0]
     assert results[2].failure == "step: EnvironmentError"
     assert "failed in step (turn 1): RuntimeError: boom" in results[2].error
     assert results[3].failure == "generate: Garbage"
     assert "failed in generate (turn 2)" in results[3].error
+    assert results[4].failure == "reset: EnvironmentError"
+    assert "failed in reset (turn 0): no such map" in results[4].error
     assert calls["reward"] == 2  # only the completed ones are scored
     assert all(calls[f"close -{i}"] == 1 for i in range(4))  # every env given back once
+    assert calls["close -4"] == 0  # and the one never opened, not at all

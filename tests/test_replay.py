@@ -35,7 +35,7 @@ async def test_recorded_history_replays(path):
 
 def test_both_workflows_are_recorded():
     assert {p.stem for p in RECORDED} >= {"replay-training", "replay-trajectory",
-                                          "replay-trajectory-failed",
+                                          "replay-trajectory-failed", "replay-batch",
                                           "replay-training.g000000.t00"}
 
 

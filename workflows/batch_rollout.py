@@ -2,8 +2,9 @@
 measured against. Every trajectory of the batch takes each turn together (generate for all, then
 step all envs), so each turn waits for the slowest environment of the batch. Started by a
 TrainingWorkflow (mode lockstep, or rollout_unit batch or auto), it reports each trajectory's end
-to it by signal, as TrajectoryWorkflow does. A trajectory whose env or generation fails ends
-failed on its own while the rest go on (histories from before batched turns failed the batch).""" 
+to it by signal, as TrajectoryWorkflow does. A trajectory whose env reset, env step or
+generation fails ends failed on its own while the rest go on (histories from before batched
+turns failed the batch)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,7 @@ with workflow.unsafe.imports_passed_through():
 
 BATCHED_TURNS = "batched-turns"
 ISOLATED_FAILURES = "batch-isolated-failures"
+ISOLATED_RESETS = "batch-isolated-resets"
 
 
 class TurnFailed:
@@ -101,17 +103,24 @@ class BatchRolloutWorkflow:
                                     workflow.info().workflow_id, parent.workflow_id)
 
     async def _rollout(self, specs: list[TrajectorySpec]) -> list[TrajectoryResult]:
-        resets = await asyncio.gather(*(reset_env(spec) for spec in specs))
-        observations = [reset.observation for reset in resets]
-        rewards: list[list[float]] = [[] for _ in specs]
-        infos: list[dict] = [{} for _ in specs]
-        actions: list[list[str]] = [[] for _ in specs]
         results = [TrajectoryResult(trajectory_id=s.trajectory_id, group_id=s.group_id,
                                     domain=s.domain, status="completed",
                                     start_version=s.start_version)
                    for s in specs]
+        resets: list[EnvResetResult] = []
+        active = []
+        for i, reset in enumerate(await self._reset(specs)):
+            if isinstance(reset, TurnFailed):
+                results[i] = self._failed(specs[i], results[i], 0, reset)
+                reset = EnvResetResult(observation="", worker_queue="")  # never used
+            else:
+                active.append(i)
+            resets.append(reset)
+        observations = [reset.observation for reset in resets]
+        rewards: list[list[float]] = [[] for _ in specs]
+        infos: list[dict] = [{} for _ in specs]
+        actions: list[list[str]] = [[] for _ in specs]
         previous: list[GenerateResult | None] = [None] * len(specs)
-        active = list(range(len(specs)))
         releases: list[asyncio.Task] = []  # failed trajectories' envs being closed meanwhile
         batched = workflow.patched(BATCHED_TURNS)
         self.isolated = batched and workflow.patched(ISOLATED_FAILURES)
@@ -170,6 +179,22 @@ class BatchRolloutWorkflow:
         for i, reward in zip(ended, scores, strict=True):
             results[i] = results[i].model_copy(update=reward.for_trajectory())
         return results
+
+    @staticmethod
+    async def _reset(specs: list[TrajectorySpec]) -> list[EnvResetResult | TurnFailed]:
+        """Every trajectory's env; one that cannot be opened fails that trajectory alone
+        (histories from before this patch failed the batch)."""
+        isolated = workflow.patched(ISOLATED_RESETS)
+
+        async def one(spec: TrajectorySpec) -> EnvResetResult | TurnFailed:
+            try:
+                return await reset_env(spec)
+            except ActivityError as err:
+                if not isolated or is_cancelled_exception(err):
+                    raise
+                return TurnFailed.of("reset", err)
+
+        return await asyncio.gather(*(one(spec) for spec in specs))
 
     @staticmethod
     def _failed(spec: TrajectorySpec, result: TrajectoryResult, turn: int,

@@ -1,7 +1,8 @@
 """Record the workflow histories that tests/test_replay.py replays.
 
 Runs a short training run (two iterations, so it has trained, updated and evicted), a lone
-trajectory and a trajectory whose env crashes (the failure path) on a fresh dev server, and writes
+trajectory, a trajectory whose env crashes (the failure path) and a lockstep batch in which one
+env crashes (it fails alone) on a fresh dev server, and writes
 their histories as JSON beside this file. Rerun it only on purpose, when a workflow change is
 meant to break compatibility with running workflows; name workflow ids to record only those:
 
@@ -28,6 +29,7 @@ from rollart.search_attributes import of_trajectory  # noqa: E402
 from rollart.servers import free_port  # noqa: E402
 from rollart.workers.devserver import DevServer  # noqa: E402
 from rollart.workers.fleet import in_process_fleet  # noqa: E402
+from rollart.workflows.batch_rollout import BatchRolloutWorkflow  # noqa: E402
 from rollart.workflows.training import TrainingInput, TrainingWorkflow  # noqa: E402
 from rollart.workflows.trajectory import TrajectoryWorkflow  # noqa: E402
 
@@ -54,10 +56,16 @@ async def record(server: DevServer, run_dir: Path, only: set[str]) -> None:
                 TrajectoryWorkflow.run, spec, id=spec.trajectory_id,
                 task_queue=config.temporal.control_queue, result_type=TrajectoryResult,
                 search_attributes=of_trajectory("replay-training", "frozenlake", "g", 0))
+        crashing.domains["frozenlake"].kwargs = {"every": 3}
+        specs = [TrajectorySpec.for_domain(crashing, "frozenlake", f"replay-batch.t{i}", "g",
+                                           seed=5 + i) for i in range(3)]
+        await client.execute_workflow(
+            BatchRolloutWorkflow.run, specs, id="replay-batch",
+            task_queue=config.temporal.control_queue, result_type=list[TrajectoryResult])
         children = [w.id async for w in client.list_workflows(
             "WorkflowType='TrajectoryWorkflow' AND WorkflowId STARTS_WITH 'replay-training'")]
         for workflow_id in ("replay-training", "replay-trajectory", "replay-trajectory-failed",
-                            sorted(children)[0]):
+                            "replay-batch", sorted(children)[0]):
             if only and workflow_id not in only:
                 continue
             history = await client.get_workflow_handle(workflow_id).fetch_history()
