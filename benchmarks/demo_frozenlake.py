@@ -6,9 +6,10 @@ reads each run's metrics and final status. Success is the share of the 64 sample
 training episodes per iteration that reach the goal on the standard 4x4 map; time is measured
 from the launch of `rollart train`. A learning figure: the real tiny model on real engines.
 
-Run: .venv/bin/python benchmarks/demo_frozenlake.py [--runs 3] [--smoke] [extra rollart train args]
-(writes results/demo_frozenlake.json and demo_frozenlake.png; --smoke: one run of 2 iterations
-of a tiny batch, nothing written)
+Run: .venv/bin/python benchmarks/demo_frozenlake.py [--runs 3] [--name NAME] [--smoke]
+[extra rollart train args] (writes results/NAME.json and NAME.png, demo_frozenlake by default:
+name a run whose train args differ from the default; --smoke: one run of 2 iterations of a tiny
+batch, nothing written)
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def summary(runs: list[dict]) -> dict:
     }
 
 
-def plot(runs: list[dict], out: Path) -> None:
+def plot(runs: list[dict], out: Path, extra: list[str]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -107,7 +108,8 @@ def plot(runs: list[dict], out: Path) -> None:
     ax.set_ylim(-0.02, 1.02)
     ax.grid(alpha=0.3)
     ax.legend()
-    ax.set_title("rollart train (embedded default), FrozenLake 4x4, 2-core CPU")
+    ax.set_title(f"rollart train ({' '.join(extra) or 'embedded default'}), FrozenLake 4x4, "
+                 "2-core CPU", fontsize=9 if extra else None)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)
@@ -116,6 +118,8 @@ def plot(runs: list[dict], out: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--name", default="demo_frozenlake",
+                        help="results/NAME.json and NAME.png")
     parser.add_argument("--smoke", action="store_true",
                         help="the smallest run of every code path (CI), nothing written")
     args, extra = parser.parse_known_args()
@@ -125,8 +129,8 @@ def main() -> None:
     if args.smoke:
         return
     (HERE / "results").mkdir(exist_ok=True)
-    (HERE / "results" / "demo_frozenlake.json").write_text(json.dumps(result, indent=2) + "\n")
-    plot(runs, HERE / "results" / "demo_frozenlake.png")
+    (HERE / "results" / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    plot(runs, HERE / "results" / f"{args.name}.png", extra)
 
 
 if __name__ == "__main__":
