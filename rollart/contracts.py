@@ -68,6 +68,8 @@ class TrajectorySpec(BaseModel):
     faults: InjectedFaults = Field(default_factory=InjectedFaults)
     reward: RewardConfig = Field(default_factory=RewardConfig)
     start_version: int = Field(0, description="Rollout policy version when this one started.")
+    report_to: str = Field("", description="The training workflow a trajectory that is not its "
+                           "child reports to: a lockstep batch's member re-run on its own.")
 
     @classmethod
     def for_domain(cls, config: RunConfig, domain: str, trajectory_id: str, group_id: str,

@@ -15,13 +15,16 @@ DOMAIN = SearchAttributeKey.for_keyword("RollartDomain")
 GROUP = SearchAttributeKey.for_keyword("RollartGroup")
 START_VERSION = SearchAttributeKey.for_int("RollartStartVersion")
 FAILED_IN = SearchAttributeKey.for_keyword("RollartFailedIn")  # reset, generate, step or reward
+MEMBERS = SearchAttributeKey.for_keyword_list("RollartMembers")  # a lockstep batch's trajectories
+FAILED_MEMBERS = SearchAttributeKey.for_keyword_list("RollartFailedMembers")  # ... those failed
 
-ALL: tuple[SearchAttributeKey, ...] = (RUN, DOMAIN, GROUP, START_VERSION, FAILED_IN)
+ALL: tuple[SearchAttributeKey, ...] = (RUN, DOMAIN, GROUP, START_VERSION, FAILED_IN, MEMBERS,
+                                       FAILED_MEMBERS)
 
 
 def type_name(key: SearchAttributeKey) -> str:
-    """The type as the `temporal` CLI spells it (Keyword, Int)."""
-    return key.indexed_value_type.name.title()
+    """The type as the `temporal` CLI spells it (Keyword, Int, KeywordList)."""
+    return "".join(part.title() for part in key.indexed_value_type.name.split("_"))
 
 
 def dev_server_flags() -> list[str]:
@@ -40,6 +43,13 @@ def of_trajectory(run_id: str, domain: str, group_id: str,
     return TypedSearchAttributes([
         SearchAttributePair(RUN, run_id), SearchAttributePair(DOMAIN, domain),
         SearchAttributePair(GROUP, group_id), SearchAttributePair(START_VERSION, start_version)])
+
+
+def of_batch(run_id: str, trajectory_ids: list[str]) -> TypedSearchAttributes:
+    """A batch's trajectories are not workflows: `rollart replay <trajectory id>` finds the
+    batch that ran one by `RollartMembers = '<trajectory id>'`."""
+    return TypedSearchAttributes([
+        SearchAttributePair(RUN, run_id), SearchAttributePair(MEMBERS, trajectory_ids)])
 
 
 async def register(client, namespace: str) -> None:

@@ -1,6 +1,7 @@
 """A failed trajectory is found by its search attributes, re-run with `rollart replay`, and its
 result re-enters the training run while its group still waits; a re-run of one already taken is
-counted late and never trained twice."""
+counted late and never trained twice. A lockstep batch's failed trajectory is found by its batch's
+tags and re-run on its own, reporting to the same run."""
 
 from __future__ import annotations
 
@@ -32,18 +33,35 @@ async def until(condition, timeout_s: float = 60, every_s: float = 0.2):
     raise TimeoutError("condition never held")
 
 
+def replayable_config(temporal_server, tmp_path, **overrides):
+    """One group of 3 a batch on FrozenLake whose first env crashes on its first step."""
+    return make_config(temporal_server, tmp_path, **{
+        "algorithm.group_size": 3, "algorithm.batch_size": 3, "algorithm.minibatches": 1,
+        "domains.frozenlake.env": "replayable", "domains.frozenlake.max_turns": 4, **overrides})
+
+
+async def start_run(client, config, run_id: str):
+    return await client.start_workflow(
+        TrainingWorkflow.run, TrainingInput(config=config), id=run_id,
+        task_queue=config.temporal.control_queue, result_type=TrainingStatus)
+
+
+async def replay_from_cli(temporal_server, workflow_id: str, capsys) -> str:
+    """`rollart replay ID --wait` as a person runs it; what it printed."""
+    args = ["replay", workflow_id, "--wait", "--timeout", "120",
+            "--set", f"temporal.address={temporal_server.address}"]
+    assert await asyncio.to_thread(cli.main, args) == 0
+    return capsys.readouterr().out
+
+
 async def test_a_failed_trajectory_is_found_replayed_and_trained_once(temporal_server, engine,
                                                                      tmp_path, capsys):
-    config = make_config(temporal_server, tmp_path, **{
-        "algorithm.group_size": 3, "algorithm.batch_size": 3, "algorithm.iterations": 2,
-        "algorithm.minibatches": 1, "domains.frozenlake.env": "replayable",
-        "domains.frozenlake.max_turns": 4, "domains.frozenlake.timeouts.step_s": 300})
+    config = replayable_config(temporal_server, tmp_path, **{
+        "algorithm.iterations": 2, "domains.frozenlake.timeouts.step_s": 300})
     Replayable.fail_next, Replayable.hold = 1, True
     Replayable.gate.clear()
     async with in_process_fleet(config, engine) as client:
-        run = await client.start_workflow(
-            TrainingWorkflow.run, TrainingInput(config=config), id=RUN_ID,
-            task_queue=config.temporal.control_queue, result_type=TrainingStatus)
+        run = await start_run(client, config, RUN_ID)
         try:
             query = (f"WorkflowType = 'TrajectoryWorkflow' AND ExecutionStatus = 'Failed' AND "
                      f"RollartRun = '{RUN_ID}' AND RollartDomain = 'frozenlake' AND "
@@ -57,10 +75,7 @@ async def test_a_failed_trajectory_is_found_replayed_and_trained_once(temporal_s
             status = await run.query(TrainingWorkflow.status)
             assert status.ledger.failed == 1 and status.readmitted == 0
 
-            args = ["replay", failed_id, "--wait", "--timeout", "120",
-                    "--set", f"temporal.address={temporal_server.address}"]
-            assert await asyncio.to_thread(cli.main, args) == 0
-            printed = capsys.readouterr().out
+            printed = await replay_from_cli(temporal_server, failed_id, capsys)
             assert f"reports to {RUN_ID} (running)" in printed
             assert f"re-entered the buffer of {RUN_ID}" in printed
             status = await run.query(TrainingWorkflow.status)
@@ -98,3 +113,56 @@ async def test_a_failed_trajectory_is_found_replayed_and_trained_once(temporal_s
     assert trained.count(failed_id) == 1
     assert status.ledger.trained == len(trained) == 6
     assert status.ledger.failed == 0 and status.ledger.in_flight == 0
+
+
+BATCH_RUN_ID = "replay-batch-member-run"
+
+
+async def test_a_failed_batch_member_is_rerun_on_its_own_and_reports_to_its_run(
+        temporal_server, engine, tmp_path, capsys):
+    config = replayable_config(temporal_server, tmp_path, **{
+        "algorithm.iterations": 30, "algorithm.rollout_unit": "batch"})
+    Replayable.fail_next, Replayable.hold = 1, False
+    async with in_process_fleet(config, engine) as client:
+        run = await start_run(client, config, BATCH_RUN_ID)
+        try:
+            batches = (f"WorkflowType = 'BatchRolloutWorkflow' AND RollartRun = '{BATCH_RUN_ID}' "
+                       "AND RollartFailedMembers IS NOT NULL")
+
+            async def with_failures():
+                return [(w.search_attributes["RollartFailedMembers"], w.id)
+                        async for w in client.list_workflows(batches)]
+
+            [([failed_id], batch_id)] = await until(with_failures, timeout_s=120)
+            results = await client.get_workflow_handle(
+                batch_id, result_type=list[TrajectoryResult]).result()
+            assert [r.trajectory_id for r in results if r.status == "failed"] == [failed_id]
+            with pytest.raises(ReplayError, match="no lockstep batch ran a trajectory"):
+                await replay(client, f"{failed_id}.missing")
+            before = await run.query(TrainingWorkflow.status)
+            settled_before = before.readmitted + before.late_results
+
+            printed = await replay_from_cli(temporal_server, failed_id, capsys)
+            assert f"{failed_id} (failed in lockstep batch {batch_id}, run " in printed
+            assert f"reports to {BATCH_RUN_ID} (running)" in printed
+            assert "the re-run completed" in printed
+            status = await run.query(TrainingWorkflow.status)
+            assert status.readmitted + status.late_results == settled_before + 1
+
+            tagged = (f"WorkflowType = 'TrajectoryWorkflow' AND RollartRun = '{BATCH_RUN_ID}' "
+                      "AND RollartDomain = 'frozenlake'")
+
+            async def rerun_found():
+                return [w.id async for w in client.list_workflows(tagged)]
+
+            assert await until(rerun_found) == [failed_id]
+            again = await replay(client, failed_id)  # now a workflow of its own: reset
+            assert again.batch_id is None and again.parent_id == BATCH_RUN_ID
+            assert "counted it late" in await outcome(client, again, timeout_s=120)
+        finally:
+            await run.signal("stop")
+        status = await asyncio.wait_for(run.result(), timeout=240)
+        trained = [tid for ids in (await trained_ids_by_iteration(client, BATCH_RUN_ID)).values()
+                   for tid in ids]
+    assert trained.count(failed_id) <= 1 and len(trained) == len(set(trained))
+    assert status.ledger.in_flight == 0

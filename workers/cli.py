@@ -431,9 +431,14 @@ def cmd_replay(args: argparse.Namespace) -> int:
         parent = (f"reports to {started.parent_id} "
                   f"({'running' if started.parent_running else 'ended: it will not be trained'})"
                   if started.parent_id else "belongs to no training run")
-        print(f"{started.workflow_id} ({started.previous_status}, run {started.failed_run_id}) "
-              f"reset to its first workflow task: new run {started.run_id}; it {parent}",
-              flush=True)
+        if started.batch_id:
+            print(f"{started.workflow_id} ({started.previous_status} in lockstep batch "
+                  f"{started.batch_id}, run {started.failed_run_id}) re-run on its own as a "
+                  f"TrajectoryWorkflow: run {started.run_id}; it {parent}", flush=True)
+        else:
+            print(f"{started.workflow_id} ({started.previous_status}, run "
+                  f"{started.failed_run_id}) reset to its first workflow task: new run "
+                  f"{started.run_id}; it {parent}", flush=True)
         if not started.workers_polling:
             print(f"warning: no worker polls {started.task_queue}; the re-run waits for one "
                   "(rollart stack, or rollart worker --role control)", file=sys.stderr)
@@ -559,7 +564,8 @@ def build_parser() -> argparse.ArgumentParser:
             sub.add_argument("--wait", action="store_true", help="wait until it has stopped")
         sub.set_defaults(func=func)
     rerun = with_config(commands.add_parser("replay"))
-    rerun.add_argument("workflow_id", help="a TrajectoryWorkflow's id (e.g. from the Web UI)")
+    rerun.add_argument("workflow_id", help="a trajectory's id: a TrajectoryWorkflow's "
+                       "(e.g. from the Web UI) or a lockstep batch's member's")
     rerun.add_argument("--wait", action="store_true",
                        help="wait for the re-run and say whether the run took its result")
     rerun.add_argument("--timeout", type=float, default=600, help="seconds --wait waits")

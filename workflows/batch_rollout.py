@@ -33,6 +33,7 @@ with workflow.unsafe.imports_passed_through():
         TrajectoryResult,
         TrajectorySpec,
     )
+    from rollart.search_attributes import FAILED_MEMBERS, RUN
     from rollart.workflows.trajectory import (
         DONE_SIGNAL,
         GENERATE_HEARTBEAT,
@@ -92,6 +93,9 @@ class BatchRolloutWorkflow:
         return results
 
     async def _report(self, results: list[TrajectoryResult]) -> None:
+        failed = [r.trajectory_id for r in results if r.status == "failed"]
+        if failed and workflow.info().typed_search_attributes.get(RUN) is not None:
+            workflow.upsert_search_attributes([FAILED_MEMBERS.value_set(failed)])
         parent = workflow.info().parent
         if parent is None:
             return

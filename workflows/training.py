@@ -52,7 +52,7 @@ with workflow.unsafe.imports_passed_through():
     )
     from rollart.metrics import record_iteration, record_ledger
     from rollart.queues import admin_queue, pool_queue, replica_queue
-    from rollart.search_attributes import of_trajectory
+    from rollart.search_attributes import of_batch, of_trajectory
     from rollart.workflows.batch_rollout import BatchRolloutWorkflow
     from rollart.workflows.buffer import (
         DomainMix,
@@ -81,6 +81,7 @@ CANCEL_IN_PARALLEL = "cancel-in-parallel"
 REPLICA_WAIT_IN_ROUNDS = "replica-wait-in-rounds"
 BALANCED_DOMAINS = "balanced-domains"
 CHECK_REWARDS = "check-rewards"
+TAGGED_BATCHES = "tagged-batches"
 STOP_SIGNAL = "stop"
 
 
@@ -300,14 +301,18 @@ class TrainingWorkflow:
 
     async def _start_lockstep(self, cfg: RunConfig, count: int) -> None:
         """`count` groups as one BatchRolloutWorkflow: every trajectory takes each turn with
-        the others. It reports each trajectory's end by signal, as a trajectory does."""
+        the others. It reports each trajectory's end by signal, as a trajectory does, and is
+        tagged with their ids so `rollart replay` can re-run one of them on its own."""
         specs = [spec for _ in range(count) for spec in self._new_group(cfg)[0]]
         batch_id = f"{specs[0].group_id}.lockstep"
         kept = (cfg.algorithm.alpha + 2) * cfg.algorithm.groups_per_batch
         self.state.lockstep_batches = (self.state.lockstep_batches + [batch_id])[-kept:]
+        tags = None
+        if cfg.temporal.search_attributes and workflow.patched(TAGGED_BATCHES):
+            tags = of_batch(workflow.info().workflow_id, [spec.trajectory_id for spec in specs])
         handle = await workflow.start_child_workflow(
             BatchRolloutWorkflow.run, specs, id=batch_id, task_queue=cfg.temporal.control_queue,
-            parent_close_policy=ParentClosePolicy.ABANDON)
+            parent_close_policy=ParentClosePolicy.ABANDON, search_attributes=tags)
         for spec in specs:
             asyncio.create_task(self._watch(spec, handle))
 

@@ -6,7 +6,8 @@ activity, see rollart.activities.route); a request no replica picks up in time i
 fallback pool if the domain's own pool has no live replica. The result is a reference (the
 trajectory id plus a few scalars); the tokens stay in the trajectory store. A trajectory started by
 a TrainingWorkflow reports how it ended (completed, failed or cancelled) to its parent by signal,
-which reaches the parent's latest run across continue-as-new."""
+which reaches the parent's latest run across continue-as-new; a lockstep batch's member re-run on
+its own (`rollart replay`) reports to the batch's training run the same way."""
 
 from __future__ import annotations
 
@@ -321,6 +322,7 @@ class TrajectoryWorkflow:
         self.partial: TrajectoryResult | None = None
         self.actions: list[str] = []  # the episode's actions so far, to rebuild its env
         self.restores = 0
+        self.report_to = ""  # the training workflow, where it is not the parent
 
     @workflow.query
     def progress(self) -> dict[str, object]:
@@ -328,6 +330,7 @@ class TrajectoryWorkflow:
 
     @workflow.run
     async def run(self, spec: TrajectorySpec) -> TrajectoryResult:
+        self.report_to = spec.report_to
         self.partial = TrajectoryResult(trajectory_id=spec.trajectory_id,
                                         group_id=spec.group_id, domain=spec.domain,
                                         status="cancelled", start_version=spec.start_version)
@@ -429,11 +432,11 @@ class TrajectoryWorkflow:
 
     async def _report(self, result: TrajectoryResult) -> None:
         parent = workflow.info().parent
-        if parent is None:
+        training_id = parent.workflow_id if parent is not None else self.report_to
+        if not training_id:
             return
         try:
-            await workflow.get_external_workflow_handle(parent.workflow_id).signal(
-                DONE_SIGNAL, result)
+            await workflow.get_external_workflow_handle(training_id).signal(DONE_SIGNAL, result)
         except Exception:  # the parent run ended: its ledger no longer waits for this one
             workflow.logger.warning("could not report %s to %s", result.trajectory_id,
-                                    parent.workflow_id)
+                                    training_id)
