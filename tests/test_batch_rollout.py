@@ -18,6 +18,7 @@ from rollart.contracts import (
     Activity,
     EnvResetRequest,
     EnvResetResult,
+    EnvRestoreRequest,
     EnvStepBatch,
     EnvStepBatchResult,
     EnvStepFailure,
@@ -121,6 +122,29 @@ async def test_a_replica_whose_batch_fails_serves_its_trajectories_one_by_one(
     assert scheduled[("env.step_batch", env_queue)] == TURNS
 
 
+def counted_ends(calls: Counter) -> list:
+    """Env close and reward, counted by trajectory ("close -2") and in all ("reward")."""
+    @activity.defn(name=Activity.ENV_CLOSE)
+    async def close(trajectory_id: str) -> None:
+        calls[f"close {trajectory_id[-2:]}"] += 1
+
+    @activity.defn(name=Activity.REWARD_COMPUTE)
+    async def compute(request: RewardRequest) -> RewardResult:
+        calls["reward"] += 1
+        return RewardResult(reward=sum(request.env_rewards), success=True)
+
+    return [close, compute]
+
+
+def stepped_but(failing: list[bool], failure: EnvStepFailure) -> EnvStepBatchResult:
+    """A batch's steps, each answered with `failure` where `failing` says so."""
+    return EnvStepBatchResult(
+        results=[None if fails else EnvStepResult(observation="next", reward=1.0,
+                                                  terminated=False, truncated=False)
+                 for fails in failing],
+        failures=[failure if fails else None for fails in failing])
+
+
 def failing_activities(queue: str, calls: Counter) -> list:
     """An env worker whose env "-2" raises on its second step and whose env "-4" cannot be
     opened, and a replica that cannot serve trajectory "-3" from its third turn on (batched or
@@ -137,21 +161,9 @@ def failing_activities(queue: str, calls: Counter) -> list:
         assert batch.attempts == 3  # the env retry policy's: the last attempt isolates
         broken = [s.trajectory_id.endswith("-2") and calls["step_batch"] == 2
                   for s in batch.steps]
-        return EnvStepBatchResult(
-            results=[None if fails else EnvStepResult(observation="next", reward=1.0,
-                                                      terminated=False, truncated=False)
-                     for fails in broken],
-            failures=[EnvStepFailure(type="EnvironmentError", message="RuntimeError: boom")
-                      if fails else None for fails in broken])
+        return stepped_but(broken, EnvStepFailure(type="EnvironmentError",
+                                                  message="RuntimeError: boom"))
 
-    @activity.defn(name=Activity.ENV_CLOSE)
-    async def close(trajectory_id: str) -> None:
-        calls[f"close {trajectory_id[-2:]}"] += 1
-
-    @activity.defn(name=Activity.REWARD_COMPUTE)
-    async def compute(request: RewardRequest) -> RewardResult:
-        calls["reward"] += 1
-        return RewardResult(reward=sum(request.env_rewards), success=True)
 
     def garbage(request: GenerateRequest) -> bool:
         return request.trajectory_id.endswith("-3") and request.turn >= 2
@@ -170,7 +182,7 @@ def failing_activities(queue: str, calls: Counter) -> list:
                                    non_retryable=True)
         return GenerateBatchResult(results=[answer(r, "r0") for r in batch.requests])
 
-    return [reset, step_batch, close, compute, generate, generate_batch]
+    return [reset, step_batch, *counted_ends(calls), generate, generate_batch]
 
 
 async def test_a_trajectory_that_fails_in_a_batch_fails_alone(temporal_server, tmp_path):
@@ -206,3 +218,66 @@ async def test_a_trajectory_that_fails_in_a_batch_fails_alone(temporal_server, t
     assert calls["reward"] == 2  # only the completed ones are scored
     assert all(calls[f"close -{i}"] == 1 for i in range(4))  # every env given back once
     assert calls["close -4"] == 0  # and the one never opened, not at all
+
+
+def losing_activities(queue: str, calls: Counter) -> list:
+    """An env pool whose worker restarts before the second turn of env "-1" (it no longer holds
+    it), while envs "-2" and "-3" were held by a worker that is gone for good (nothing polls its
+    queue); "-3" is not deterministic, so it cannot be rebuilt."""
+    gone = f"{queue}.gone"
+
+    @activity.defn(name=Activity.ENV_RESET)
+    async def reset(request: EnvResetRequest) -> EnvResetResult:
+        index = int(request.trajectory_id[-1])
+        return EnvResetResult(observation="start", worker_queue=gone if index >= 2 else queue,
+                              deterministic=index != 3)
+
+    @activity.defn(name=Activity.ENV_RESTORE)
+    async def restore(request: EnvRestoreRequest) -> EnvResetResult:
+        calls[f"restore {request.trajectory_id[-2:]}"] += 1
+        calls[f"replayed {request.trajectory_id[-2:]}"] += len(request.actions)
+        return EnvResetResult(observation="start", worker_queue=queue, deterministic=True)
+
+    @activity.defn(name=Activity.ENV_STEP_BATCH)
+    async def step_batch(batch: EnvStepBatch) -> EnvStepBatchResult:
+        for step in batch.steps:
+            calls[f"steps {step.trajectory_id[-2:]}"] += 1
+        lost = [s.trajectory_id.endswith("-1") and calls["steps -1"] == 2 for s in batch.steps]
+        return stepped_but(lost, EnvStepFailure(type="EnvironmentLost",
+                                                message="no live environment"))
+
+    return [reset, restore, step_batch, *counted_ends(calls)]
+
+
+async def test_a_batch_rebuilds_the_envs_of_a_lost_worker(temporal_server, tmp_path):
+    config = make_config(temporal_server, tmp_path)
+    run = uuid.uuid4().hex[:8]
+    pool, env_queue, control_queue = f"lost{run}", f"lost-{run}.env", f"lost-{run}.control"
+    specs = []
+    for i in range(4):
+        spec = TrajectorySpec.for_domain(config, "frozenlake", f"{run}-{i}", "g", seed=i)
+        specs.append(spec.model_copy(update={
+            "max_turns": TURNS, "gen_pools": [(pool, 1)], "env_queue": env_queue,
+            "reward_queue": env_queue,
+            "env_timeouts": spec.env_timeouts.model_copy(update={"pickup_s": 1.0})}))
+    client = await connect(config.temporal)
+    router, calls = RouterActivities(), Counter()
+    workers = [
+        Worker(client, task_queue=control_queue, workflows=[BatchRolloutWorkflow],
+               activities=[router.route, router.release],
+               workflow_runner=UnsandboxedWorkflowRunner()),
+        Worker(client, task_queue=env_queue, activities=losing_activities(env_queue, calls)),
+        Worker(client, task_queue=replica_queue("gen", pool, 0),
+               activities=replica_activities("r0", batch_fails=False)),
+    ]
+    async with workers[0], workers[1], workers[2]:
+        results = await client.execute_workflow(
+            BatchRolloutWorkflow.run, specs, id=f"lost-{run}", task_queue=control_queue,
+            result_type=list[TrajectoryResult])
+    assert [r.status for r in results] == ["completed"] * 3 + ["failed"]
+    assert [r.turns for r in results] == [TURNS] * 3 + [0]
+    assert [r.env_restores for r in results] == [0, 1, 1, 0]
+    assert calls["restore -1"] == calls["restore -2"] == 1 and calls["restore -3"] == 0
+    assert calls["replayed -1"] == 1 and calls["replayed -2"] == 0  # the actions before the loss
+    assert results[3].failure == "step: schedule_to_start timeout"
+    assert all(calls[f"close -{i}"] == 1 for i in range(3))

@@ -128,3 +128,30 @@ async def test_a_lost_episode_of_an_env_that_cannot_be_rebuilt_fails_clearly(
         await lose_env_worker(temporal_server, engine, tmp_path, "counting", "counting-lost",
                               seed=3)
     assert "failed in step" in str(failure.value.cause)
+
+
+async def test_a_lockstep_batch_rebuilds_the_episodes_of_a_lost_env_worker(
+        temporal_server, engine, tmp_path):
+    """As a trajectory's: the batch's next step finds no worker, and each of its deterministic
+    episodes is rebuilt on the other worker and goes on."""
+    from rollart.store import TrajectoryStore
+    from rollart.workers.fleet import _all, build_workers
+    from rollart.workflows.batch_rollout import BatchRolloutWorkflow
+
+    config = make_config(temporal_server, tmp_path, **{
+        "domains.frozenlake.env": "walk", "domains.frozenlake.max_turns": 8,
+        "domains.frozenlake.faults": {"step_mean_s": 0.3},
+        "domains.frozenlake.timeouts": {"pickup_s": 2.0}})
+    specs = [TrajectorySpec.for_domain(config, "frozenlake", f"walk-batch-{i}", "g", seed=i)
+             for i in range(2)]
+    store = TrajectoryStore(config.store_dir)
+    async with in_process_fleet(config, engine, ("control", "reward", "gen")) as client:
+        handle = await client.start_workflow(BatchRolloutWorkflow.run, specs, id="walk-batch",
+                                             task_queue=config.temporal.control_queue,
+                                             result_type=list[TrajectoryResult])
+        async with _all(await build_workers(config, client, "env")):
+            while len(store.read(specs[0].trajectory_id)) < 3:
+                await asyncio.sleep(0.1)
+        async with _all(await build_workers(config, client, "env")):  # another env worker
+            results = await handle.result()
+    assert [(r.status, r.turns, r.env_restores) for r in results] == [("completed", 8, 1)] * 2

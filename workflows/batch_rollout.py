@@ -4,7 +4,8 @@ step all envs), so each turn waits for the slowest environment of the batch. Sta
 TrainingWorkflow (mode lockstep, or rollout_unit batch or auto), it reports each trajectory's end
 to it by signal, as TrajectoryWorkflow does. A trajectory whose env reset, env step or
 generation fails ends failed on its own while the rest go on (histories from before batched
-turns failed the batch)."""
+turns failed the batch); a deterministic env whose worker is lost is rebuilt on another, as a
+trajectory's is."""
 
 from __future__ import annotations
 
@@ -37,13 +38,16 @@ with workflow.unsafe.imports_passed_through():
     from rollart.workflows.trajectory import (
         DONE_SIGNAL,
         GENERATE_HEARTBEAT,
+        MAX_RESTORES,
         close_env,
         env_retry,
+        env_worker_lost,
         failure_reason,
         first_pickup,
         generate_turn,
         non_retryable,
         reset_env,
+        restore_env,
         score,
         step_env,
         step_request,
@@ -54,6 +58,7 @@ with workflow.unsafe.imports_passed_through():
 BATCHED_TURNS = "batched-turns"
 ISOLATED_FAILURES = "batch-isolated-failures"
 ISOLATED_RESETS = "batch-isolated-resets"
+RESTORE_LOST_ENVS = "batch-restore-lost-envs"
 
 
 class TurnFailed:
@@ -76,6 +81,7 @@ class BatchRolloutWorkflow:
     def __init__(self) -> None:
         self.unbatched: set[str] = set()  # replica queues whose batch failed: routed one by one
         self.isolated = False  # a trajectory's failure is its own (else it fails the batch)
+        self.restores: dict[int, int] = {}  # envs rebuilt after their worker was lost
 
     @workflow.run
     async def run(self, specs: list[TrajectorySpec]) -> list[TrajectoryResult]:
@@ -150,7 +156,7 @@ class BatchRolloutWorkflow:
                     results[i].gen_usage.setdefault(route.pool, PoolUsage()).add(gen)
                     stepping.append((i, gen))
             if batched:
-                steps = await self._step(specs, stepping, resets)
+                steps = await self._step(specs, stepping, resets, actions)
             else:
                 steps = await asyncio.gather(*(
                     step_env(specs[i], resets[i].worker_queue, gen.text)
@@ -176,6 +182,8 @@ class BatchRolloutWorkflow:
             releases += [asyncio.create_task(_give_back(specs[i], resets[i])) for i in failed]
         await asyncio.gather(*(close_env(specs[i], resets[i].worker_queue) for i in active),
                              *releases)
+        for i, restores in self.restores.items():
+            results[i] = results[i].model_copy(update={"env_restores": restores})
         ended = [i for i, result in enumerate(results) if result.status == "completed"]
         scores = await asyncio.gather(*(
             score(specs[i], rewards[i], infos[i], resets[i].observation, actions[i])
@@ -275,9 +283,11 @@ class BatchRolloutWorkflow:
         return [merged[i] for i in active]
 
     async def _step(self, specs: list[TrajectorySpec], stepping: list[tuple[int, GenerateResult]],
-                    resets: list[EnvResetResult]) -> list[EnvStepResult | TurnFailed]:
+                    resets: list[EnvResetResult],
+                    actions: list[list[str]]) -> list[EnvStepResult | TurnFailed]:
         """Every env's step, one activity per env worker holding them; a step that fails on its
-        last attempt, or every step of a worker that is gone, fails its own trajectory."""
+        last attempt fails its own trajectory. An env whose worker is gone is rebuilt on
+        another, as a trajectory's is, where it is deterministic (else it fails)."""
         by_queue: dict[str, list[tuple[int, GenerateResult]]] = {}
         for i, gen in stepping:
             by_queue.setdefault(resets[i].worker_queue, []).append((i, gen))
@@ -299,16 +309,61 @@ class BatchRolloutWorkflow:
             except ActivityError as err:
                 if not self.isolated or is_cancelled_exception(err):
                     raise
-                return {i: TurnFailed.of("step", err) for i, _ in members}
+                failed = {i: TurnFailed.of("step", err) for i, _ in members}
+                if env_worker_lost(err):  # no worker of its queue picked the batch up
+                    return await self._restored(specs, members, resets, actions, failed)
+                return failed
             failures = done.failures or [None] * len(members)
-            return {i: step if failure is None else _step_failed(failure)
-                    for (i, _), step, failure in zip(members, done.results, failures,
-                                                     strict=True)}
+            steps = {i: step if failure is None else _step_failed(failure)
+                     for (i, _), step, failure in zip(members, done.results, failures,
+                                                      strict=True)}
+            lost = [(i, gen) for (i, gen), failure in zip(members, failures, strict=True)
+                    if failure is not None and failure.type == "EnvironmentLost"]
+            if lost:  # the worker restarted: it holds none of its old envs
+                steps.update(await self._restored(specs, lost, resets, actions, steps))
+            return steps
 
         parts = await asyncio.gather(*(batch(q, members) for q, members in by_queue.items()))
         merged = {i: step for part in parts for i, step in part.items()}
         return [merged[i] for i, _ in stepping]
 
+
+    async def _restored(self, specs: list[TrajectorySpec],
+                        members: list[tuple[int, GenerateResult]], resets: list[EnvResetResult],
+                        actions: list[list[str]], failed: dict[int, EnvStepResult | TurnFailed],
+                        ) -> dict[int, EnvStepResult | TurnFailed]:
+        """Steps whose env worker is gone, taken again on envs rebuilt on a live worker of the
+        pool (reset with the seed, actions replayed); an env that is not deterministic, or
+        was rebuilt MAX_RESTORES times already, keeps its failure in `failed`."""
+        if not workflow.patched(RESTORE_LOST_ENVS):
+            return {i: failed[i] for i, _ in members}
+        restorable = [(i, gen) for i, gen in members
+                      if resets[i].deterministic and self.restores.get(i, 0) < MAX_RESTORES]
+        kept = {i for i, _ in restorable}
+        out = {i: failed[i] for i, _ in members if i not in kept}
+
+        async def rebuild(i: int) -> EnvResetResult | TurnFailed:
+            self.restores[i] = self.restores.get(i, 0) + 1
+            workflow.logger.warning("env worker of %s is gone; rebuilding its episode (%d "
+                                    "actions)", specs[i].trajectory_id, len(actions[i]))
+            try:
+                return await restore_env(specs[i], actions[i])
+            except ActivityError as err:
+                if is_cancelled_exception(err):
+                    raise
+                return TurnFailed.of("step", err)
+
+        again = []
+        rebuilt = await asyncio.gather(*(rebuild(i) for i, _ in restorable))
+        for (i, gen), env in zip(restorable, rebuilt, strict=True):
+            if isinstance(env, TurnFailed):
+                out[i] = env
+                continue
+            resets[i] = resets[i].model_copy(update={"worker_queue": env.worker_queue})
+            again.append((i, gen))
+        steps = await self._step(specs, again, resets, actions) if again else []
+        out.update({i: step for (i, _), step in zip(again, steps, strict=True)})
+        return out
 
 
 def _step_failed(failure: EnvStepFailure) -> TurnFailed:
