@@ -4,6 +4,7 @@ replica's batch fails."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections import Counter
 
@@ -34,7 +35,7 @@ from rollart.contracts import (
 )
 from rollart.queues import replica_queue
 from rollart.workers.client import connect
-from rollart.workflows.batch_rollout import BatchRolloutWorkflow
+from rollart.workflows.batch_rollout import DROP_SIGNAL, BatchRolloutWorkflow
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 TURNS = 3
@@ -122,6 +123,19 @@ async def test_a_replica_whose_batch_fails_serves_its_trajectories_one_by_one(
     assert scheduled[("env.step_batch", env_queue)] == TURNS
 
 
+def one_replica_fleet(client, control_queue: str, env_queue: str, env: list, replica: str,
+                      generation: list) -> list[Worker]:
+    """The batch workflow's control worker, one env worker and one replica's worker."""
+    router = RouterActivities()
+    return [
+        Worker(client, task_queue=control_queue, workflows=[BatchRolloutWorkflow],
+               activities=[router.route, router.release],
+               workflow_runner=UnsandboxedWorkflowRunner()),
+        Worker(client, task_queue=env_queue, activities=env),
+        Worker(client, task_queue=replica, activities=generation),
+    ]
+
+
 def counted_ends(calls: Counter) -> list:
     """Env close and reward, counted by trajectory ("close -2") and in all ("reward")."""
     @activity.defn(name=Activity.ENV_CLOSE)
@@ -194,15 +208,10 @@ async def test_a_trajectory_that_fails_in_a_batch_fails_alone(temporal_server, t
                                  "env_queue": env_queue, "reward_queue": env_queue})
              for i in range(5)]
     client = await connect(config.temporal)
-    router, calls = RouterActivities(), Counter()
+    calls = Counter()
     fleet = failing_activities(env_queue, calls)
-    workers = [
-        Worker(client, task_queue=control_queue, workflows=[BatchRolloutWorkflow],
-               activities=[router.route, router.release],
-               workflow_runner=UnsandboxedWorkflowRunner()),
-        Worker(client, task_queue=env_queue, activities=fleet[:4]),
-        Worker(client, task_queue=replica_queue("gen", pool, 0), activities=fleet[4:]),
-    ]
+    workers = one_replica_fleet(client, control_queue, env_queue, fleet[:4],
+                                replica_queue("gen", pool, 0), fleet[4:])
     async with workers[0], workers[1], workers[2]:
         results = await client.execute_workflow(
             BatchRolloutWorkflow.run, specs, id=f"fail-{run}", task_queue=control_queue,
@@ -261,15 +270,10 @@ async def test_a_batch_rebuilds_the_envs_of_a_lost_worker(temporal_server, tmp_p
             "reward_queue": env_queue,
             "env_timeouts": spec.env_timeouts.model_copy(update={"pickup_s": 1.0})}))
     client = await connect(config.temporal)
-    router, calls = RouterActivities(), Counter()
-    workers = [
-        Worker(client, task_queue=control_queue, workflows=[BatchRolloutWorkflow],
-               activities=[router.route, router.release],
-               workflow_runner=UnsandboxedWorkflowRunner()),
-        Worker(client, task_queue=env_queue, activities=losing_activities(env_queue, calls)),
-        Worker(client, task_queue=replica_queue("gen", pool, 0),
-               activities=replica_activities("r0", batch_fails=False)),
-    ]
+    calls = Counter()
+    workers = one_replica_fleet(client, control_queue, env_queue,
+                                losing_activities(env_queue, calls), replica_queue("gen", pool, 0),
+                                replica_activities("r0", batch_fails=False))
     async with workers[0], workers[1], workers[2]:
         results = await client.execute_workflow(
             BatchRolloutWorkflow.run, specs, id=f"lost-{run}", task_queue=control_queue,
@@ -281,3 +285,46 @@ async def test_a_batch_rebuilds_the_envs_of_a_lost_worker(temporal_server, tmp_p
     assert calls["replayed -1"] == 1 and calls["replayed -2"] == 0  # the actions before the loss
     assert results[3].failure == "step: schedule_to_start timeout"
     assert all(calls[f"close -{i}"] == 1 for i in range(3))
+
+
+async def test_a_trajectory_dropped_from_a_batch_stops_and_ends_cancelled(temporal_server,
+                                                                         tmp_path):
+    """The training run drops an evicted or redundant trajectory by signal: it stops at its
+    next turn, its env is given back, it is not scored, and the rest go on."""
+    config = make_config(temporal_server, tmp_path)
+    run = uuid.uuid4().hex[:8]
+    pool, env_queue, control_queue = f"drop{run}", f"drop-{run}.env", f"drop-{run}.control"
+    specs = [TrajectorySpec.for_domain(config, "frozenlake", f"{run}-{i}", "g", seed=i)
+             .model_copy(update={"max_turns": TURNS, "gen_pools": [(pool, 1)],
+                                 "env_queue": env_queue, "reward_queue": env_queue})
+             for i in range(3)]
+    calls, first_step, dropped = Counter(), asyncio.Event(), asyncio.Event()
+
+    @activity.defn(name=Activity.ENV_RESET)
+    async def reset(request: EnvResetRequest) -> EnvResetResult:
+        return EnvResetResult(observation="start", worker_queue=env_queue)
+
+    @activity.defn(name=Activity.ENV_STEP_BATCH)
+    async def step_batch(batch: EnvStepBatch) -> EnvStepBatchResult:
+        calls["step_batch"] += 1
+        first_step.set()
+        await dropped.wait()
+        return stepped_but([False] * len(batch.steps), EnvStepFailure(type="", message=""))
+
+    client = await connect(config.temporal)
+    workers = one_replica_fleet(client, control_queue, env_queue,
+                                [reset, step_batch, *counted_ends(calls)],
+                                replica_queue("gen", pool, 0),
+                                replica_activities("r0", batch_fails=False))
+    async with workers[0], workers[1], workers[2]:
+        handle = await client.start_workflow(
+            BatchRolloutWorkflow.run, specs, id=f"drop-{run}", task_queue=control_queue,
+            result_type=list[TrajectoryResult])
+        await first_step.wait()
+        await handle.signal(DROP_SIGNAL, [specs[1].trajectory_id])
+        await asyncio.sleep(0.5)  # the signal is in before the step completes
+        dropped.set()
+        results = await handle.result()
+    assert [r.status for r in results] == ["completed", "cancelled", "completed"]
+    assert [r.turns for r in results] == [TURNS, 1, TURNS]
+    assert calls["reward"] == 2 and all(calls[f"close -{i}"] == 1 for i in range(3))

@@ -15,7 +15,7 @@ from conftest import make_config
 from temporalio.client import WorkflowFailureError
 
 from rollart.config import RewardConfig
-from rollart.contracts import TrainingStatus
+from rollart.contracts import TrainingStatus, TrajectoryResult
 from rollart.store import TrajectoryStore
 from rollart.workers.devserver import temporal_binary
 from rollart.workers.fleet import in_process_fleet
@@ -69,6 +69,31 @@ async def test_async_run_trains_and_accounts_for_every_trajectory(temporal_serve
         assert metrics.lag_max <= 1 and sum(metrics.lag_histogram.values()) == metrics.trajectories
         assert 0.0 <= metrics.stale_token_share <= 1.0
         assert metrics.ratio_max > 0
+
+
+async def test_batches_give_up_the_trajectories_the_run_drops(temporal_server, engine, tmp_path):
+    """Redundant siblings of a full group, and what is still rolling out when the run ends, stop
+    inside their batch and end cancelled; every trajectory is still accounted for."""
+    config = make_config(temporal_server, tmp_path, **{
+        "algorithm.rollout_unit": "batch", "algorithm.group_size": 4,
+        "algorithm.batch_size": 8, "algorithm.iterations": 3, "algorithm.minibatches": 1,
+        "algorithm.redundancy": 2})
+    async with in_process_fleet(config, engine) as client:
+        status = await client.execute_workflow(
+            TrainingWorkflow.run, TrainingInput(config=config), id="e2e-batch-drop",
+            task_queue=config.temporal.control_queue, result_type=TrainingStatus)
+        members = []
+        async for batch in client.list_workflows(
+                "WorkflowType = 'BatchRolloutWorkflow' AND ExecutionStatus = 'Completed' AND "
+                "RollartRun = 'e2e-batch-drop'"):
+            members += await client.get_workflow_handle(
+                batch.id, result_type=list[TrajectoryResult]).result()
+    ledger = status.ledger
+    assert status.done and ledger.in_flight == 0
+    assert ledger.started == ledger.trained + ledger.failed + ledger.evicted
+    dropped = [r for r in members if r.status == "cancelled"]
+    assert dropped and all(r.reward == 0 for r in dropped)  # stopped, never scored
+    assert ledger.trained == status.redundant_kept.count
 
 
 @pytest.mark.parametrize("trainer", [{}, {"trainer.ranks": 2}, {"trainer.backend": "megatron"}],

@@ -5,7 +5,8 @@ TrainingWorkflow (mode lockstep, or rollout_unit batch or auto), it reports each
 to it by signal, as TrajectoryWorkflow does. A trajectory whose env reset, env step or
 generation fails ends failed on its own while the rest go on (histories from before batched
 turns failed the batch); a deterministic env whose worker is lost is rebuilt on another, as a
-trajectory's is."""
+trajectory's is. Each trajectory is scored and reported as it ends, not when the batch does; one
+the training run drops (evicted, or redundant) stops at its next turn and ends cancelled."""
 
 from __future__ import annotations
 
@@ -59,6 +60,8 @@ BATCHED_TURNS = "batched-turns"
 ISOLATED_FAILURES = "batch-isolated-failures"
 ISOLATED_RESETS = "batch-isolated-resets"
 RESTORE_LOST_ENVS = "batch-restore-lost-envs"
+EARLY_REPORTS = "batch-early-reports"
+DROP_SIGNAL = "drop"
 
 
 class TurnFailed:
@@ -82,6 +85,17 @@ class BatchRolloutWorkflow:
         self.unbatched: set[str] = set()  # replica queues whose batch failed: routed one by one
         self.isolated = False  # a trajectory's failure is its own (else it fails the batch)
         self.restores: dict[int, int] = {}  # envs rebuilt after their worker was lost
+        self.dropped: set[str] = set()
+        self.early = False  # each trajectory is scored and reported as it ends
+        self.reported: set[str] = set()
+        self.failed_ids: list[str] = []
+
+    @workflow.signal(name=DROP_SIGNAL)
+    def drop(self, trajectory_ids: list[str]) -> None:
+        """The training run no longer wants these (evicted as stale, or redundant siblings of
+        a full group): each stops at its next turn, gives its env back and ends cancelled, as
+        a cancelled TrajectoryWorkflow does."""
+        self.dropped.update(trajectory_ids)
 
     @workflow.run
     async def run(self, specs: list[TrajectorySpec]) -> list[TrajectoryResult]:
@@ -93,17 +107,20 @@ class BatchRolloutWorkflow:
             await self._report([TrajectoryResult(
                 trajectory_id=s.trajectory_id, group_id=s.group_id, domain=s.domain,
                 status="failed", start_version=s.start_version, error=message,
-                failure=failure_reason("lockstep", err)) for s in specs])
+                failure=failure_reason("lockstep", err))
+                for s in specs if s.trajectory_id not in self.reported])
             raise ApplicationError(message, type="BatchFailed", non_retryable=True) from err
-        await self._report(results)
+        await self._report([r for r in results if r.trajectory_id not in self.reported])
         return results
 
     async def _report(self, results: list[TrajectoryResult]) -> None:
+        self.reported.update(r.trajectory_id for r in results)
         failed = [r.trajectory_id for r in results if r.status == "failed"]
         if failed and workflow.info().typed_search_attributes.get(RUN) is not None:
-            workflow.upsert_search_attributes([FAILED_MEMBERS.value_set(failed)])
+            self.failed_ids += failed
+            workflow.upsert_search_attributes([FAILED_MEMBERS.value_set(self.failed_ids)])
         parent = workflow.info().parent
-        if parent is None:
+        if parent is None or not results:
             return
         handle = workflow.get_external_workflow_handle(parent.workflow_id)
         try:
@@ -134,8 +151,23 @@ class BatchRolloutWorkflow:
         releases: list[asyncio.Task] = []  # failed trajectories' envs being closed meanwhile
         batched = workflow.patched(BATCHED_TURNS)
         self.isolated = batched and workflow.patched(ISOLATED_FAILURES)
+        self.early = self.isolated and workflow.patched(EARLY_REPORTS)
+        ends: list[asyncio.Task] = []
+
+        def end(ended: list[int], close: bool = False) -> None:
+            """These are done: each is scored (if completed) and reported now, so that its
+            group need not wait for the batch's longest episode."""
+            if self.early:
+                ends.extend(asyncio.create_task(self._end(
+                    specs[i], i, results, rewards[i], infos[i], resets[i], actions[i], close))
+                    for i in ended)
+
+        end([i for i in range(len(specs)) if i not in active])  # their env could not be opened
         for turn in range(max(spec.max_turns for spec in specs)):
-            active = [i for i in active if turn < specs[i].max_turns]
+            kept = self._undropped(specs, active, results, resets, releases)
+            end([i for i in active if i not in kept])
+            active = [i for i in kept if turn < specs[i].max_turns]
+            end([i for i in kept if i not in active], close=True)
             if not active:
                 break
             if batched:
@@ -155,6 +187,8 @@ class BatchRolloutWorkflow:
                 if gen.finish_reason != CONTEXT_FULL:
                     results[i].gen_usage.setdefault(route.pool, PoolUsage()).add(gen)
                     stepping.append((i, gen))
+                else:
+                    end([i], close=True)
             if batched:
                 steps = await self._step(specs, stepping, resets, actions)
             else:
@@ -179,7 +213,17 @@ class BatchRolloutWorkflow:
                 rewards[i].append(step.reward)
                 if not (step.terminated or step.truncated):
                     active.append(i)
+                else:
+                    end([i])
             releases += [asyncio.create_task(_give_back(specs[i], resets[i])) for i in failed]
+            end(failed)
+        kept = self._undropped(specs, active, results, resets, releases)
+        end([i for i in active if i not in kept])
+        active = kept
+        if self.early:
+            end(active, close=True)
+            await asyncio.gather(*ends, *releases)
+            return results
         await asyncio.gather(*(close_env(specs[i], resets[i].worker_queue) for i in active),
                              *releases)
         for i, restores in self.restores.items():
@@ -191,6 +235,39 @@ class BatchRolloutWorkflow:
         for i, reward in zip(ended, scores, strict=True):
             results[i] = results[i].model_copy(update=reward.for_trajectory())
         return results
+
+    async def _end(self, spec: TrajectorySpec, i: int, results: list[TrajectoryResult],
+                   rewards: list[float], info: dict, reset: EnvResetResult, actions: list[str],
+                   close: bool) -> None:
+        """Trajectory i's env given back (`close`), its reward, and its report; a reward that
+        fails fails it alone."""
+        if close:
+            await _give_back(spec, reset)
+        if i in self.restores:
+            results[i] = results[i].model_copy(update={"env_restores": self.restores[i]})
+        if results[i].status == "completed":
+            try:
+                reward = await score(spec, rewards, info, reset.observation, actions)
+                results[i] = results[i].model_copy(update=reward.for_trajectory())
+            except ActivityError as err:
+                if is_cancelled_exception(err):
+                    raise
+                results[i] = self._failed(spec, results[i], results[i].turns,
+                                          TurnFailed.of("reward", err))
+        await self._report([results[i]])
+
+    def _undropped(self, specs: list[TrajectorySpec], active: list[int],
+                   results: list[TrajectoryResult], resets: list[EnvResetResult],
+                   releases: list[asyncio.Task]) -> list[int]:
+        """`active` less the trajectories dropped meanwhile, which end cancelled here."""
+        kept = []
+        for i in active:
+            if specs[i].trajectory_id not in self.dropped:
+                kept.append(i)
+                continue
+            results[i] = results[i].model_copy(update={"status": "cancelled"})
+            releases.append(asyncio.create_task(_give_back(specs[i], resets[i])))
+        return kept
 
     @staticmethod
     async def _reset(specs: list[TrajectorySpec]) -> list[EnvResetResult | TurnFailed]:

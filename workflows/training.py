@@ -53,7 +53,7 @@ with workflow.unsafe.imports_passed_through():
     from rollart.metrics import record_iteration, record_ledger
     from rollart.queues import admin_queue, pool_queue, replica_queue
     from rollart.search_attributes import of_batch, of_trajectory
-    from rollart.workflows.batch_rollout import BatchRolloutWorkflow
+    from rollart.workflows.batch_rollout import DROP_SIGNAL, BatchRolloutWorkflow
     from rollart.workflows.buffer import (
         DomainMix,
         Group,
@@ -82,6 +82,7 @@ REPLICA_WAIT_IN_ROUNDS = "replica-wait-in-rounds"
 BALANCED_DOMAINS = "balanced-domains"
 CHECK_REWARDS = "check-rewards"
 TAGGED_BATCHES = "tagged-batches"
+DROP_FROM_BATCHES = "drop-from-batches"
 STOP_SIGNAL = "stop"
 
 
@@ -98,6 +99,8 @@ class TrainingState(BaseModel):
     redundant_cancelled: RolloutShape = Field(default_factory=RolloutShape)
     lockstep_batches: list[str] = Field(default_factory=list, description="Batch rollouts "
                                         "that may still run (mode lockstep, or batched waves).")
+    batch_of: dict[str, str] = Field(default_factory=dict, description="Trajectory -> the "
+                                     "batch rolling it out, until it reports.")
     env_steps: dict[str, list[float]] = Field(default_factory=dict, description="Domain -> its "
                                               "latest env step times (rollout_unit auto).")
     batching: bool = Field(False, description="Whether the supply last started a batch.")
@@ -164,6 +167,7 @@ class TrainingWorkflow:
         state = self.state
         if self.config.algorithm.rollout_unit == "auto":
             remember_steps(state.env_steps, result.domain, result.env_step_times)
+        state.batch_of.pop(result.trajectory_id, None)
         if result.trajectory_id in state.redundant_ids:
             state.redundant_ids.remove(result.trajectory_id)
             state.redundant_cancelled.add(result)
@@ -313,6 +317,8 @@ class TrainingWorkflow:
         handle = await workflow.start_child_workflow(
             BatchRolloutWorkflow.run, specs, id=batch_id, task_queue=cfg.temporal.control_queue,
             parent_close_policy=ParentClosePolicy.ABANDON, search_attributes=tags)
+        if cfg.algorithm.mode != "lockstep":  # lockstep's batch finishes what it started
+            self.state.batch_of.update({spec.trajectory_id: batch_id for spec in specs})
         for spec in specs:
             asyncio.create_task(self._watch(spec, handle))
 
@@ -488,12 +494,29 @@ class TrainingWorkflow:
     async def _cancel(self, trajectory_ids: list[str]) -> None:
         """All at once: one by one, each request waited for a workflow task (measured: 49
         cancels at the end of a run took 11 s). Runs started before this change replay one by
-        one."""
-        if workflow.patched(CANCEL_IN_PARALLEL):
-            await asyncio.gather(*(self._cancel_one(tid) for tid in trajectory_ids))
+        one. A batch's trajectories are dropped from it by one signal per batch."""
+        in_parallel = workflow.patched(CANCEL_IN_PARALLEL)
+        in_batches: dict[str, list[str]] = {}
+        batch_of = self.state.batch_of
+        if any(tid in batch_of for tid in trajectory_ids) and workflow.patched(DROP_FROM_BATCHES):
+            for tid in trajectory_ids:
+                if tid in batch_of:
+                    in_batches.setdefault(batch_of[tid], []).append(tid)
+            trajectory_ids = [tid for tid in trajectory_ids if tid not in batch_of]
+        if in_parallel:
+            await asyncio.gather(*(self._cancel_one(tid) for tid in trajectory_ids),
+                                 *(self._drop(batch, tids) for batch, tids in
+                                   in_batches.items()))
             return
         for tid in trajectory_ids:
             await self._cancel_one(tid)
+
+    async def _drop(self, batch_id: str, trajectory_ids: list[str]) -> None:
+        try:
+            await workflow.get_external_workflow_handle(batch_id).signal(DROP_SIGNAL,
+                                                                        trajectory_ids)
+        except Exception:  # it ended before the signal arrived; its reports are accounted
+            workflow.logger.info("drop from %s found it ended", batch_id)
 
     async def _cancel_one(self, trajectory_id: str) -> None:
         try:
