@@ -240,7 +240,7 @@ class EnvActivities:
             out = EnvStepResult(observation=result.observation, reward=result.reward,
                                 terminated=result.terminated, truncated=result.truncated,
                                 info=result.info,
-                                seconds=round(time.perf_counter() - started, 4))
+                                seconds=round(time.perf_counter() - started, 6))
             self.last_step[tid] = (step_id, out)
         if result.terminated or result.truncated:
             self.close(tid)

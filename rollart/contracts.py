@@ -305,7 +305,7 @@ class TrajectoryResult(BaseModel):
     env_restores: int = Field(0, description="Times its env was rebuilt on another env worker "
                               "after its own died.")
     env_step_s: float = Field(0.0, description="Time its env steps took, retries included "
-                              "(workflow time; 0 in lockstep batches).")
+                              "(workflow time; in a lockstep batch, its batch's steps).")
     env_step_times: list[float] = Field(default_factory=list, description="Each env step's "
                                         "own seconds, as its env worker measured them.")
     gen_usage: dict[str, PoolUsage] = Field(default_factory=dict, description="By the "

@@ -8,6 +8,8 @@ with them, and `register` adds them to a remote cluster (or says how to)."""
 
 from __future__ import annotations
 
+import re
+
 from temporalio.common import SearchAttributeKey, SearchAttributePair, TypedSearchAttributes
 
 RUN = SearchAttributeKey.for_keyword("RollartRun")
@@ -15,16 +17,16 @@ DOMAIN = SearchAttributeKey.for_keyword("RollartDomain")
 GROUP = SearchAttributeKey.for_keyword("RollartGroup")
 START_VERSION = SearchAttributeKey.for_int("RollartStartVersion")
 FAILED_IN = SearchAttributeKey.for_keyword("RollartFailedIn")  # reset, generate, step or reward
-MEMBERS = SearchAttributeKey.for_keyword_list("RollartMembers")  # a lockstep batch's trajectories
-FAILED_MEMBERS = SearchAttributeKey.for_keyword_list("RollartFailedMembers")  # ... those failed
+GROUP_FROM = SearchAttributeKey.for_int("RollartGroupFrom")  # a lockstep batch's groups, by number
+GROUP_TO = SearchAttributeKey.for_int("RollartGroupTo")
 
-ALL: tuple[SearchAttributeKey, ...] = (RUN, DOMAIN, GROUP, START_VERSION, FAILED_IN, MEMBERS,
-                                       FAILED_MEMBERS)
+ALL: tuple[SearchAttributeKey, ...] = (RUN, DOMAIN, GROUP, START_VERSION, FAILED_IN, GROUP_FROM,
+                                       GROUP_TO)
 
 
 def type_name(key: SearchAttributeKey) -> str:
-    """The type as the `temporal` CLI spells it (Keyword, Int, KeywordList)."""
-    return "".join(part.title() for part in key.indexed_value_type.name.split("_"))
+    """The type as the `temporal` CLI spells it (Keyword, Int)."""
+    return key.indexed_value_type.name.title()
 
 
 def dev_server_flags() -> list[str]:
@@ -45,11 +47,24 @@ def of_trajectory(run_id: str, domain: str, group_id: str,
         SearchAttributePair(GROUP, group_id), SearchAttributePair(START_VERSION, start_version)])
 
 
-def of_batch(run_id: str, trajectory_ids: list[str]) -> TypedSearchAttributes:
+def of_batch(run_id: str, first_group: int, last_group: int) -> TypedSearchAttributes:
     """A batch's trajectories are not workflows: `rollart replay <trajectory id>` finds the
-    batch that ran one by `RollartMembers = '<trajectory id>'`."""
+    batch that ran one by its group's number (a list of their ids would outgrow a search
+    attribute's 2 KB)."""
     return TypedSearchAttributes([
-        SearchAttributePair(RUN, run_id), SearchAttributePair(MEMBERS, trajectory_ids)])
+        SearchAttributePair(RUN, run_id), SearchAttributePair(GROUP_FROM, first_group),
+        SearchAttributePair(GROUP_TO, last_group)])
+
+
+def batch_query(trajectory_id: str) -> str | None:
+    """The visibility query for the batch that ran `trajectory_id`, from its id as the
+    TrainingWorkflow makes them (`<run>.g<group number>.t<member>`); None for another id."""
+    match = re.fullmatch(r"(?P<run>[^']+)\.g(?P<group>\d+)\.t\d+", trajectory_id)
+    if match is None:
+        return None
+    group = int(match["group"])
+    return (f"WorkflowType = 'BatchRolloutWorkflow' AND {RUN.name} = '{match['run']}' AND "
+            f"{GROUP_FROM.name} <= {group} AND {GROUP_TO.name} >= {group}")
 
 
 async def register(client, namespace: str) -> None:

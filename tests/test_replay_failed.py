@@ -127,18 +127,17 @@ async def test_a_failed_batch_member_is_rerun_on_its_own_and_reports_to_its_run(
         run = await start_run(client, config, BATCH_RUN_ID)
         try:
             batches = (f"WorkflowType = 'BatchRolloutWorkflow' AND RollartRun = '{BATCH_RUN_ID}' "
-                       "AND RollartFailedMembers IS NOT NULL")
+                       "AND ExecutionStatus = 'Completed' AND RollartFailedIn = 'step'")
 
             async def with_failures():
-                return [(w.search_attributes["RollartFailedMembers"], w.id)
-                        async for w in client.list_workflows(batches)]
+                return [w.id async for w in client.list_workflows(batches)]
 
-            [([failed_id], batch_id)] = await until(with_failures, timeout_s=120)
+            [batch_id] = await until(with_failures, timeout_s=120)
             results = await client.get_workflow_handle(
                 batch_id, result_type=list[TrajectoryResult]).result()
-            assert [r.trajectory_id for r in results if r.status == "failed"] == [failed_id]
+            [failed_id] = [r.trajectory_id for r in results if r.status == "failed"]
             with pytest.raises(ReplayError, match="no lockstep batch ran a trajectory"):
-                await replay(client, f"{failed_id}.missing")
+                await replay(client, f"{BATCH_RUN_ID}.g999999.t00")
             before = await run.query(TrainingWorkflow.status)
             settled_before = before.readmitted + before.late_results
 

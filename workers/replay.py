@@ -4,7 +4,7 @@ A replay resets the trajectory to its first workflow task, exactly what
 `temporal workflow reset --type FirstWorkflowTask` does: the failed run stays in the history for
 inspection, and the new run keeps the workflow id, the input and the parent, so it reports to the
 training run as the first one did. A trajectory of a lockstep batch (rollout_unit batch or auto)
-was no workflow of its own: it is found by its batch's RollartMembers tag and started afresh as a
+was no workflow of its own: it is found by its batch's group-number tags and started afresh as a
 TrajectoryWorkflow with its id and spec, reporting to the batch's training run. The run takes the
 result if the trajectory's group still waits in the buffer (it is then admissible under alpha)
 and counts it late otherwise; see rollart.workflows.buffer."""
@@ -26,7 +26,7 @@ from temporalio.client import Client, WorkflowExecutionStatus, WorkflowFailureEr
 from temporalio.service import RPCError, RPCStatusCode
 
 from rollart.contracts import TrainingStatus, TrajectoryResult, TrajectorySpec
-from rollart.search_attributes import MEMBERS, RUN, of_trajectory
+from rollart.search_attributes import RUN, batch_query, of_trajectory
 
 TRAJECTORY_TYPE = "TrajectoryWorkflow"
 
@@ -88,12 +88,12 @@ async def replay(client: Client, workflow_id: str) -> Replay:
 
 
 async def _batch_of(client: Client, trajectory_id: str) -> str | None:
-    """The lockstep batch that ran `trajectory_id` (tagged with its members' ids)."""
-    if "'" in trajectory_id:
+    """The lockstep batch that ran `trajectory_id` (tagged with its groups' numbers)."""
+    query = batch_query(trajectory_id)
+    if query is None:
         return None
     try:
-        async for execution in client.list_workflows(
-                f"{MEMBERS.name} = '{trajectory_id}'", limit=1):
+        async for execution in client.list_workflows(query, limit=1):
             return execution.id
     except RPCError as err:  # a namespace without rollart's search attributes
         if err.status != RPCStatusCode.INVALID_ARGUMENT:

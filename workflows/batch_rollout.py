@@ -35,7 +35,7 @@ with workflow.unsafe.imports_passed_through():
         TrajectoryResult,
         TrajectorySpec,
     )
-    from rollart.search_attributes import FAILED_MEMBERS, RUN
+    from rollart.search_attributes import FAILED_IN, RUN
     from rollart.workflows.trajectory import (
         DONE_SIGNAL,
         GENERATE_HEARTBEAT,
@@ -88,7 +88,7 @@ class BatchRolloutWorkflow:
         self.dropped: set[str] = set()
         self.early = False  # each trajectory is scored and reported as it ends
         self.reported: set[str] = set()
-        self.failed_ids: list[str] = []
+        self.tagged_failed = False
 
     @workflow.signal(name=DROP_SIGNAL)
     def drop(self, trajectory_ids: list[str]) -> None:
@@ -115,10 +115,12 @@ class BatchRolloutWorkflow:
 
     async def _report(self, results: list[TrajectoryResult]) -> None:
         self.reported.update(r.trajectory_id for r in results)
-        failed = [r.trajectory_id for r in results if r.status == "failed"]
-        if failed and workflow.info().typed_search_attributes.get(RUN) is not None:
-            self.failed_ids += failed
-            workflow.upsert_search_attributes([FAILED_MEMBERS.value_set(self.failed_ids)])
+        failed = [r for r in results if r.status == "failed"]
+        if (failed and not self.tagged_failed
+                and workflow.info().typed_search_attributes.get(RUN) is not None):
+            self.tagged_failed = True  # found as failed trajectories are, by the first phase
+            phase = (failed[0].failure or "lockstep").split(":")[0]
+            workflow.upsert_search_attributes([FAILED_IN.value_set(phase)])
         parent = workflow.info().parent
         if parent is None or not results:
             return
@@ -189,12 +191,14 @@ class BatchRolloutWorkflow:
                     stepping.append((i, gen))
                 else:
                     end([i], close=True)
+            started = workflow.now()
             if batched:
                 steps = await self._step(specs, stepping, resets, actions)
             else:
                 steps = await asyncio.gather(*(
                     step_env(specs[i], resets[i].worker_queue, gen.text)
                     for i, gen in stepping))
+            step_s = (workflow.now() - started).total_seconds()
             active = []
             for (i, gen), step in zip(stepping, steps, strict=True):
                 if isinstance(step, TurnFailed):
@@ -208,6 +212,7 @@ class BatchRolloutWorkflow:
                 results[i].cached_tokens += gen.cached_tokens
                 results[i].end_version = max(results[i].end_version, gen.version)
                 results[i].env_step_times.append(step.seconds)
+                results[i].env_step_s += step_s
                 observations[i], infos[i] = step.observation, step.info
                 actions[i].append(gen.text)
                 rewards[i].append(step.reward)

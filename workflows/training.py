@@ -306,14 +306,16 @@ class TrainingWorkflow:
     async def _start_lockstep(self, cfg: RunConfig, count: int) -> None:
         """`count` groups as one BatchRolloutWorkflow: every trajectory takes each turn with
         the others. It reports each trajectory's end by signal, as a trajectory does, and is
-        tagged with their ids so `rollart replay` can re-run one of them on its own."""
+        tagged with its groups' numbers so `rollart replay` can re-run one of them on its own."""
+        first_group = self.state.groups_started
         specs = [spec for _ in range(count) for spec in self._new_group(cfg)[0]]
         batch_id = f"{specs[0].group_id}.lockstep"
         kept = (cfg.algorithm.alpha + 2) * cfg.algorithm.groups_per_batch
         self.state.lockstep_batches = (self.state.lockstep_batches + [batch_id])[-kept:]
         tags = None
         if cfg.temporal.search_attributes and workflow.patched(TAGGED_BATCHES):
-            tags = of_batch(workflow.info().workflow_id, [spec.trajectory_id for spec in specs])
+            tags = of_batch(workflow.info().workflow_id, first_group,
+                            self.state.groups_started - 1)
         handle = await workflow.start_child_workflow(
             BatchRolloutWorkflow.run, specs, id=batch_id, task_queue=cfg.temporal.control_queue,
             parent_close_policy=ParentClosePolicy.ABANDON, search_attributes=tags)
