@@ -242,7 +242,7 @@ async def main(args: argparse.Namespace) -> dict:
     engine = await PolicyEngine(resolve_model_path(None), load_config(None).engine).start()
     base = {"temporal.address": server.address, "run_dir": str(work),
             "algorithm.group_size": 8, "algorithm.batch_size": args.batch,
-            "algorithm.iterations": args.max_iterations,
+            "algorithm.iterations": args.max_iterations, "algorithm.rollout_unit": "trajectory",
             "algorithm.stop_at_success": args.target, "domains.frozenlake.faults": LATENCY,
             "weights.backend": "local", **(SMOKE if args.smoke else {}),
             **dict(item.split("=", 1) for item in args.set)}

@@ -8,17 +8,18 @@ process group (then `rollart train --resume` brings the run back); every kind on
 Afterwards the run is audited from Temporal itself, on the run's own database:
 
 - lost: trajectories started and never settled (the ledger's in-flight count at the end, plus
-  trajectory workflows still running) — must be 0;
+  trajectory and batch workflows still running) — must be 0;
 - duplicated: trajectories in the train batches of two different iterations, read from the
   train.step inputs in the training workflow's histories — must be 0;
-- failed_by_env_worker_death: failed trajectories whose env step found no worker (FrozenLake is
-  deterministic, so its episodes are rebuilt instead);
+- failed_by_env_worker_death: failed trajectories (or batch members) whose env step found no
+  worker (FrozenLake is deterministic, so its episodes are rebuilt instead);
 - recovery: for each kill, the time until the next iteration completed.
 
-Run: .venv/bin/python benchmarks/chaos.py [--iterations 80] [--seeds 3] [--smoke]
-(one run per seed 0..N-1; writes results/chaos.json and chaos.md beside this file; --smoke: one
-run of 2 iterations on simulated compute, the launcher killed once after the first iteration and
-resumed, nothing written)
+Run: .venv/bin/python benchmarks/chaos.py [--iterations 80] [--seeds 3]
+     [--rollout-unit trajectory|batch|auto] [--smoke]
+(one run per seed 0..N-1; writes results/chaos.json and chaos.md beside this file, or
+chaos_<unit>.* for another rollout unit; --smoke: one run of 2 iterations on simulated compute,
+the launcher killed once after the first iteration and resumed, nothing written)
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rollart.config import RunConfig, load_config
+from rollart.contracts import TrajectoryResult
 from rollart.servers import die_with_parent, free_port
 from rollart.workers.audit import trained_ids_by_iteration
 from rollart.workers.client import connect
@@ -63,13 +65,14 @@ SMOKE_SIMULATED = {"simulation.enabled": True, "simulation.time_scale": 0.02,
                              {"name": "cpu", "role": "gen", "hardware": "h800"}]}
 
 
-def chaos_config(run_dir: Path, iterations: int, smoke: bool = False) -> RunConfig:
+def chaos_config(run_dir: Path, iterations: int, smoke: bool = False,
+                 rollout_unit: str = "trajectory") -> RunConfig:
     return load_config(None, **{
         "run_dir": str(run_dir),
         "temporal.address": f"127.0.0.1:{free_port()}", "temporal.ui_port": free_port(),
         "weights.mooncake_master": f"127.0.0.1:{free_port()}",
         "algorithm.group_size": 4, "algorithm.batch_size": 16, "algorithm.minibatches": 1,
-        "algorithm.iterations": iterations,
+        "algorithm.iterations": iterations, "algorithm.rollout_unit": rollout_unit,
         "pools": [{"name": "cpu", "role": "env"}, {"name": "cpu", "role": "reward"},
                   {"name": "cpu", "role": "train"},
                   {"name": "cpu", "role": "gen", "replicas": 2}],
@@ -182,13 +185,22 @@ async def audit(config: RunConfig, workflow_id: str) -> dict:
     client = await connect(config.temporal)
     batches = await trained_ids_by_iteration(client, workflow_id)
     query = (f"WorkflowType='TrajectoryWorkflow' AND WorkflowId STARTS_WITH '{workflow_id}'")
+    batch_query = (f"WorkflowType='BatchRolloutWorkflow' AND WorkflowId STARTS_WITH "
+                   f"'{workflow_id}'")
     running, lost_env = [], 0
-    async for execution in client.list_workflows(query + " AND ExecutionStatus='Running'"):
-        running.append(execution.id)
+    for rollouts in (query, batch_query):
+        async for execution in client.list_workflows(rollouts + " AND ExecutionStatus='Running'"):
+            running.append(execution.id)
     async for execution in client.list_workflows(query + " AND ExecutionStatus='Failed'"):
         history = await client.get_workflow_handle(execution.id).fetch_history()
         failure = history.events[-1].workflow_execution_failed_event_attributes.failure
         lost_env += any(marker in failure.message for marker in LOST_ENV)
+    async for execution in client.list_workflows(  # a batch's trajectories fail inside it
+            batch_query + " AND ExecutionStatus='Completed' AND RollartFailedIn IS NOT NULL"):
+        members = await client.get_workflow_handle(
+            execution.id, result_type=list[TrajectoryResult]).result()
+        lost_env += sum(any(marker in (r.error or "") for marker in LOST_ENV)
+                        for r in members if r.status == "failed")
     counts = Counter(tid for ids in batches.values() for tid in set(ids))
     return {"duplicated": sum(1 for n in counts.values() if n > 1), "running": running,
             "failed_by_env_worker_death": lost_env, "iterations_trained": len(batches)}
@@ -234,10 +246,11 @@ SUMMED = ("kills", "lost", "duplicated", "failed_by_env_worker_death", "launcher
           "worker_restarts", "iterations_completed")
 
 
-def one_run(iterations: int, seed: int, min_gap: float, max_gap: float, smoke: bool) -> dict:
+def one_run(iterations: int, seed: int, min_gap: float, max_gap: float, smoke: bool,
+            rollout_unit: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="rollart-chaos-") as tmp:
         run_dir = Path(tmp) / "run"
-        config = chaos_config(run_dir, iterations, smoke=smoke)
+        config = chaos_config(run_dir, iterations, smoke=smoke, rollout_unit=rollout_unit)
         config_file = Path(tmp) / "chaos.json"
         config_file.write_text(config.model_dump_json())
         chaos_run = chaos(config_file, run_dir, random.Random(seed), min_gap, max_gap, smoke)
@@ -265,6 +278,8 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=3, help="runs, seeds 0..N-1")
     parser.add_argument("--min-gap", type=float, default=5)
     parser.add_argument("--max-gap", type=float, default=15)
+    parser.add_argument("--rollout-unit", choices=["trajectory", "batch", "auto"],
+                        default="trajectory", help="algorithm.rollout_unit")
     parser.add_argument("--smoke", action="store_true",
                         help="the smallest run of every code path (CI), nothing written")
     args = parser.parse_args()
@@ -272,7 +287,8 @@ def main() -> None:
         args.iterations, args.seeds = 2, 1
     runs = []
     for seed in range(args.seeds):
-        runs.append(one_run(args.iterations, seed, args.min_gap, args.max_gap, args.smoke))
+        runs.append(one_run(args.iterations, seed, args.min_gap, args.max_gap, args.smoke,
+                            args.rollout_unit))
         console.print(f"seed {seed}: max recovery {runs[-1]['max_recovery_s']:.1f} s, "
                       f"lost {runs[-1]['lost']}, duplicated {runs[-1]['duplicated']}")
     results = combined(runs)
@@ -299,9 +315,10 @@ def main() -> None:
                        else f"- {k['victim']}: after the last iteration"
                        for k in run["kill_log"]]
     failures = [f for run in runs for f in run["failures_sample"]]
-    save("chaos", results, "Chaos: workers and the launcher killed during training",
+    name = "chaos" if args.rollout_unit == "trajectory" else f"chaos_{args.rollout_unit}"
+    save(name, results, "Chaos: workers and the launcher killed during training",
          f".venv/bin/python benchmarks/chaos.py --iterations {args.iterations} "
-         f"--seeds {args.seeds}",
+         f"--seeds {args.seeds} --rollout-unit {args.rollout_unit}",
          ["System figures of the real stack under `rollart train`; a killed worker is started "
           "again by the launcher's supervisor, a killed launcher (its whole process group) by "
           "`rollart train --resume`. One victim at a time, each 5-15 s after an iteration ended "

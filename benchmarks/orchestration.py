@@ -186,7 +186,8 @@ async def main(args: argparse.Namespace) -> dict:
     config = load_config(None, **{
         "run_dir": str(work / "run"), "temporal.address": f"127.0.0.1:{free_port()}",
         "temporal.ui_port": free_port(), "weights.mooncake_master": f"127.0.0.1:{free_port()}",
-        "algorithm.iterations": args.iterations, **(SMOKE_TRAINING if args.smoke else {})})
+        "algorithm.iterations": args.iterations, "algorithm.rollout_unit": "trajectory",
+        **(SMOKE_TRAINING if args.smoke else {})})  # the per-trajectory path's cost over a run
     prefill(Path(config.store_dir), sizes["prefill"])
     config_file = work / "config.json"
     config_file.write_text(config.model_dump_json())

@@ -63,6 +63,7 @@ async def run(iterations: int, seed: int) -> dict:
         "simulation.answer_token_scale": ANSWER_TOKEN_SCALE,
         "simulation.answer_growth": ANSWER_GROWTH,
         "algorithm.iterations": iterations, "algorithm.mode": "sync", "model.seed": seed,
+        "algorithm.rollout_unit": "trajectory",
         "routing.remap_patience": 2})
     results = {}
     try:

@@ -128,7 +128,8 @@ def placement_config(server: DevServer, work: Path, placement: str, iterations: 
             "simulation": {"enabled": True, "time_scale": TIME_SCALE, **judge},
             "trainer": {"checkpoint_every": 0},
             "algorithm": {"mode": "sync", "group_size": GROUP, "batch_size": BATCH,
-                          "minibatches": 1, "iterations": iterations}}
+                          "minibatches": 1, "iterations": iterations,
+                          "rollout_unit": "trajectory"}}
     return RunConfig.model_validate(data)
 
 

@@ -92,7 +92,8 @@ def base_config(server: DevServer, work: Path, replicas: dict[str, int], domains
             "weights": {"backend": "local"}, "pools": pools, "domains": domains,
             "simulation": {"enabled": True, "time_scale": TIME_SCALE},
             "trainer": {"checkpoint_every": 0},
-            "algorithm": {"group_size": 8, "batch_size": BATCH, "minibatches": 1}}
+            "algorithm": {"group_size": 8, "batch_size": BATCH, "minibatches": 1,
+                          "rollout_unit": "trajectory"}}  # the paper's Sync+ and async
     return with_overrides(RunConfig.model_validate(data), **overrides)
 
 
