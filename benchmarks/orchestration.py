@@ -73,6 +73,13 @@ FINDINGS = [
     "second by default, so every activity and workflow task waited ~35 ms before dispatch: a "
     "no-op activity one after another took 87 ms, 18 ms with "
     "`history.transferProcessorMaxPollRPS = 1000` (rollart.workers.devserver).",
+    "Task queue partitions: a task queue has 4 by default, and a task written to one no "
+    "poller waits on is forwarded to the root partition. One partition on the one-process dev "
+    "server (rollart.workers.devserver), measured the same morning (2026-12-07) with this "
+    "script's latency phase, 50-turn trajectories: 31-35 ms of overhead a turn over 4 runs "
+    "with 4 partitions, 24-28 ms over 3 with 1, and the dev server's CPU per turn 26-31 -> "
+    "20-22 ms. That machine ran 2-3x faster than on 2026-12-06 (the direct loop's 64 "
+    "concurrent trajectories: 2,285 turns/s against 705): compare rows within one run.",
     "vLLM on a CPU host runs the model in a worker process of its own by default, whose "
     "shared-memory queue to the engine core busy-loops a second after every message: that "
     "worker used 28 ms of CPU per request at one request every 20 ms (7 ms when it slept in "
@@ -99,9 +106,10 @@ FINDINGS = [
     "turns/s over 2 runs (2026-12-06), ~6x the per-trajectory workflows; a trajectory whose "
     "env raises or hangs fails alone and the rest of the batch goes on.",
     "Left: 12 history events a turn (two activities, two workflow tasks) on the "
-    "per-trajectory path, still the default. The dev server's ~12-21 ms of CPU per activity "
-    "and its workflow task is the floor of that design on one small machine: two activities "
-    "a turn cap it near 55 turns/s on 2 cores before any other work, whatever rollart does.",
+    "per-trajectory path, still the default. The dev server's CPU per activity and its "
+    "workflow task (5-21 ms, by the day's machine) is the floor of that design on one small "
+    "machine: two activities a turn cap it at about half the floor's no-op activities/s "
+    "(87-272) before any other work, whatever rollart does.",
 ]
 
 
