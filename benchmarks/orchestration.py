@@ -6,7 +6,8 @@ fleet worker, the vLLM engine in the generation worker), side by side with a pla
 process that drives its own engine through the same per-turn work (encode, generate, store write,
 env step, decode):
   0. the floor: Temporal's own cost on this dev server, from no-op activities (latency of one at
-     a time; steps/s and the server's CPU per step with 64 workflows at once);
+     a time; steps/s and the server's CPU per step with 64 workflows at once; turns/s of 64
+     workflows whose turns are two no-op activities, and with the env step a local activity);
   1. latency: one 50-turn trajectory vs the same 50 turns in the loop -> overhead per turn;
   2. throughput: 64 concurrent 10-turn trajectories vs 64 concurrent loops -> turns/s; and
      the 64 as one lockstep batch (rollout_unit "batch": one generate and one env activity a
@@ -109,7 +110,11 @@ FINDINGS = [
     "per-trajectory path, still the default. The dev server's CPU per activity and its "
     "workflow task (5-21 ms, by the day's machine) is the floor of that design on one small "
     "machine: two activities a turn cap it at about half the floor's no-op activities/s "
-    "(87-272) before any other work, whatever rollart does.",
+    "(87-272) before any other work, whatever rollart does. Measured directly since "
+    "2026-12-07: 64 workflows whose turns are two no-op activities run 125 turns/s here, and "
+    "158 with the env step a local activity of the workflow's worker (one activity and one "
+    "workflow task a turn fewer; not adopted: it would take env steps off the env fleet's "
+    "queues). Neither reaches 200 turns/s on this machine with no work in a turn.",
 ]
 
 
@@ -128,6 +133,26 @@ class Noops:
             await workflow.execute_activity("bench.noop", step, task_queue="bench.noop",
                                             start_to_close_timeout=timedelta(seconds=30))
         return steps
+
+
+@workflow.defn(name="BenchNoopTurns", sandboxed=False)
+class NoopTurns:
+    """`turns` turns of a trajectory's shape with no work in them: a no-op activity on one
+    queue (generate) then one on another (env step), or, `local_step`, the step as a local
+    activity of the workflow's own worker (one activity and one workflow task a turn fewer)."""
+
+    @workflow.run
+    async def run(self, turns: int, local_step: bool) -> int:
+        for turn in range(turns):
+            await workflow.execute_activity("bench.noop", turn, task_queue="bench.noop",
+                                            start_to_close_timeout=timedelta(seconds=30))
+            if local_step:
+                await workflow.execute_local_activity(
+                    "bench.noop", turn, start_to_close_timeout=timedelta(seconds=30))
+            else:
+                await workflow.execute_activity("bench.noop", turn, task_queue="bench.noop.step",
+                                                start_to_close_timeout=timedelta(seconds=30))
+        return turns
 
 
 def spec(config: RunConfig, tid: str, turns: int) -> TrajectorySpec:
@@ -170,8 +195,10 @@ async def floor(client, server_pid: int, sizes: dict) -> dict:
     server = psutil.Process(server_pid)
     async with Worker(client, task_queue="bench.noop", activities=[noop],
                       max_concurrent_activities=200), \
-            Worker(client, task_queue="bench.noops", workflows=[Noops],
-                   workflow_runner=UnsandboxedWorkflowRunner()):
+            Worker(client, task_queue="bench.noop.step", activities=[noop],
+                   max_concurrent_activities=200), \
+            Worker(client, task_queue="bench.noops", workflows=[Noops, NoopTurns],
+                   activities=[noop], workflow_runner=UnsandboxedWorkflowRunner()):
         await client.execute_workflow(Noops.run, 3, id="noops-warm", task_queue="bench.noops")
         started = time.perf_counter()
         await client.execute_workflow(Noops.run, sizes["noop_steps"], id="noops-one",
@@ -184,8 +211,18 @@ async def floor(client, server_pid: int, sizes: dict) -> dict:
         steps = sizes["concurrent"] * sizes["noop_steps"]
         wall = time.perf_counter() - started
         server_s = sum(server.cpu_times()[:2]) - cpu
+        turns_per_s = {}
+        for local_step in (False, True):
+            started = time.perf_counter()
+            await asyncio.gather(*(client.execute_workflow(
+                NoopTurns.run, args=[sizes["noop_steps"], local_step],
+                id=f"noop-turns-{local_step}-{i}", task_queue="bench.noops")
+                for i in range(sizes["concurrent"])))
+            turns_per_s[local_step] = steps / (time.perf_counter() - started)
     return {"noop_activity_ms": 1000 * one_s, "noop_activities_per_s": steps / wall,
-            "server_cpu_ms_per_noop_activity": 1000 * server_s / steps}
+            "server_cpu_ms_per_noop_activity": 1000 * server_s / steps,
+            "floor_turns_per_s": turns_per_s[False],
+            "floor_local_step_turns_per_s": turns_per_s[True]}
 
 
 async def main(args: argparse.Namespace) -> dict:
@@ -285,6 +322,9 @@ ROWS = [
     ("no-op activity, one at a time (ms) [floor]", "noop_activity_ms", ".1f"),
     ("no-op activities/s, 64 workflows at once [floor]", "noop_activities_per_s", ".0f"),
     ("dev server CPU per no-op activity (ms) [floor]", "server_cpu_ms_per_noop_activity", ".1f"),
+    ("no-op turns/s (two activities), 64 workflows at once [floor]", "floor_turns_per_s",
+     ".0f"),
+    ("same, the env step a local activity [floor]", "floor_local_step_turns_per_s", ".0f"),
     ("per-turn latency, workflow (ms)", "workflow_ms_per_turn", ".1f"),
     ("per-turn latency, direct loop (ms)", "direct_ms_per_turn", ".1f"),
     ("per-turn orchestration overhead (ms)", "per_turn_overhead_ms", ".1f"),
