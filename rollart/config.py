@@ -298,6 +298,11 @@ class AlgorithmConfig(StrictModel):
         "target_kl / (1 + mean lag) ** this, the lag being how many versions behind the trainer "
         "each sampled token's policy was (0: every batch gets target_kl; 2: the step's length "
         "falls as 1 / (1 + lag), delayed SGD's stable step).")
+    trust_region: Literal["batch", "domain"] = Field(
+        "batch", description="What target_kl bounds: batch, the step's KL over all the batch's "
+        "sampled tokens; domain, the largest of each domain's own KL, so a domain with few "
+        "sampled tokens (one-token answers beside ten-turn episodes) is not moved further than "
+        "the budget by a step the other domain's tokens dominate.")
     sequence_mask_threshold: float | None = Field(
         None, gt=0, description="Drop a sequence whose mean |log(pi_old / pi_behaviour)| exceeds "
         "this (sequence-level mask); None keeps all."

@@ -326,6 +326,8 @@ class TrainSample(BaseModel):
     reward: float
     turns: int | None = Field(None, description="Turns of the run that produced the result: "
                               "a re-run's store may still hold later turns of the failed run.")
+    domain: str = Field("", description="The trajectory's domain (a per-domain trust region "
+                        "measures each domain's KL apart).")
 
 
 class TrainRequest(BaseModel):
@@ -346,6 +348,8 @@ class LearningStats(BaseModel):
                             "sampled a token, averaged over sampled tokens.")
     step_kl: float = Field(description="k3 estimate of KL(pre-step || post-step) on the batch.")
     step_kept: float = Field(1.0, description="Share of the optimizer's step kept (trust region).")
+    step_kl_by_domain: dict[str, float] = Field(
+        default_factory=dict, description="step_kl on each domain's sampled tokens alone.")
     grad_norm: float
     entropy: float = Field(description="Mean entropy per sampled token, pre-step policy.")
     entropy_coef: float = Field(0.0, description="Weight of the entropy bonus this step.")

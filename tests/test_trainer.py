@@ -84,11 +84,12 @@ def test_a_restarted_trainer_takes_the_running_version_from_the_weight_store(mod
 
 
 def stored_group(trainer: Trainer, store: TrajectoryStore, group: str, rewards: list[float],
-                 version: int = 0) -> list[TrainSample]:
-    """One-turn FrozenLake trajectories whose behaviour logprobs are the trainer's own (as if its
-    weights sampled them), each taking a different action."""
+                 version: int = 0, observation: str = "P F F F | F H F H | F F F H | H F F G",
+                 tokens: int = 1, domain: str = "") -> list[TrainSample]:
+    """One-turn trajectories whose behaviour logprobs are the trainer's own (as if its weights
+    sampled them), each taking a different action (`tokens` times over)."""
     tokenizer = trainer.tokenizer
-    obs = tokenizer.encode("P F F F | F H F H | F F F H | H F F G")
+    obs = tokenizer.encode(observation)
     allowed = tokenizer.convert_tokens_to_ids(ACTIONS)
     samples = []
     for k, reward in enumerate(rewards):
@@ -99,10 +100,12 @@ def stored_group(trainer: Trainer, store: TrajectoryStore, group: str, rewards: 
         masked[allowed] = logits[allowed]
         logprob = torch.log_softmax(masked, -1)[action].item()
         tid = f"{group}.t{k}"
-        store.write_turn(tid, TurnRecord(turn=0, observation_ids=obs, sampled_ids=[action],
-                                         logprobs=[logprob], versions=[version],
+        store.write_turn(tid, TurnRecord(turn=0, observation_ids=obs,
+                                         sampled_ids=[action] * tokens,
+                                         logprobs=[logprob] * tokens, versions=[version] * tokens,
                                          allowed_ids=allowed))
-        samples.append(TrainSample(trajectory_id=tid, group_id=group, reward=reward, turns=1))
+        samples.append(TrainSample(trajectory_id=tid, group_id=group, reward=reward, turns=1,
+                                   domain=domain))
     return samples
 
 
@@ -138,6 +141,29 @@ def test_a_trust_region_pulls_a_large_step_back(model_path, tmp_path):
     assert steps[None].step_kl > 0.1 and steps[None].step_kept == 1.0
     assert steps[0.01].step_kl <= 0.015
     assert 0 < steps[0.01].step_kept < 1
+
+
+def test_a_per_domain_trust_region_bounds_the_domain_with_few_tokens(model_path, tmp_path):
+    """A batch of one-token answers (with signal) beside 30-token episodes (without): over the
+    batch's tokens the episodes' small KL hides the answers' large one; per domain it does
+    not."""
+    steps = {}
+    for region in ("batch", "domain"):
+        store = TrajectoryStore(str(tmp_path / region))
+        trainer = Trainer(model_path, learning_rate=1e-3)
+        samples = (stored_group(trainer, store, "a", [1, 0, 0, 0], domain="answers")
+                   + stored_group(trainer, store, "b", [0, 0, 0, 0], tokens=30,
+                                  observation="3 + 4 = ? The sum of the two numbers",
+                                  domain="episodes"))
+        algorithm = AlgorithmConfig(group_size=4, batch_size=8, minibatches=1,
+                                    learning_rate=1e-2, target_kl=0.02, trust_region=region)
+        steps[region] = trainer.train_step(store, samples, algorithm, temperature=1.0).learning
+    batch, domain = steps["batch"], steps["domain"]
+    assert batch.step_kl <= 1.5 * 0.02
+    assert batch.step_kl_by_domain["answers"] > 10 * 0.02
+    assert max(domain.step_kl_by_domain.values()) == pytest.approx(domain.step_kl)
+    assert domain.step_kl <= 1.5 * 0.02
+    assert domain.step_kept < batch.step_kept
 
 
 def test_stale_tokens_shrink_the_trust_region_by_their_lag(model_path, tmp_path):

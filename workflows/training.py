@@ -386,7 +386,8 @@ class TrainingWorkflow:
                     store_dir=str(cfg.store_dir), algorithm=algo,
                     temperature=cfg.sampling.temperature,
                     samples=[TrainSample(trajectory_id=r.trajectory_id, group_id=r.group_id,
-                                         reward=r.reward, turns=r.turns) for r in kept],
+                                         reward=r.reward, turns=r.turns, domain=r.domain)
+                             for r in kept],
                 ),
                 result_type=TrainResult, task_queue=pool_queue("train", cfg.trainer.pool),
                 start_to_close_timeout=TRAIN_TIMEOUT,

@@ -28,7 +28,7 @@ import torch.multiprocessing as mp
 from rollart.config import AlgorithmConfig
 from rollart.contracts import TrainResult
 from rollart.policy.grpo import LossStats, clipped_policy_loss, loss_normalizer
-from rollart.policy.trainer import Sequence, Trainer, _Batch, k3_sums
+from rollart.policy.trainer import KlSums, Sequence, Trainer, _Batch, add_k3_sums
 from rollart.policy.vllm_plugin import exit_with
 
 COLLECTIVE_TIMEOUT = timedelta(minutes=10)
@@ -171,10 +171,11 @@ class ShardedTrainer(Trainer):
             whole[:, rank::self.ranks] = part[:, :count]
         return whole[0], whole[1]
 
-    def _step_kl(self, batches: list[_Batch], temperature: float) -> float:
-        """Summed over the ranks' rows: every rank gets the same figure, so the trust region's
+    def _step_kl_sums(self, batches: list[_Batch], temperature: float) -> KlSums:
+        """Summed over the ranks' rows: every rank gets the same figures, so the trust region's
         pull-back loop runs the same number of times everywhere."""
-        totals = torch.zeros(2, dtype=torch.float64, device=self.device)
+        domains = sorted({d for batch in batches for d in (batch.domains or ("",))})
+        sums: KlSums = {}
         with torch.no_grad():
             for batch in batches:
                 mine = list(range(self.rank, batch.ids.shape[0], self.ranks))
@@ -182,10 +183,12 @@ class ShardedTrainer(Trainer):
                     self._logprobs(batch.rows([0]), temperature)  # the all-gathers still run
                     continue
                 part = batch.rows(mine)
-                summed, count = k3_sums(self._logprobs(part, temperature)[0], part)
-                totals += torch.tensor([summed, count], dtype=torch.float64, device=self.device)
+                add_k3_sums(sums, self._logprobs(part, temperature)[0], part)
+        totals = torch.tensor([sums.get(d, (0.0, 0.0)) for d in domains], dtype=torch.float64,
+                              device=self.device)
         dist.all_reduce(totals)
-        return float(totals[0] / totals[1].clamp(min=1.0))
+        return {d: (float(summed), float(count)) for d, (summed, count)
+                in zip(domains, totals.tolist(), strict=True)}
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         self._tell("named_weights")

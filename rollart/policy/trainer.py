@@ -41,6 +41,7 @@ class Sequence:
     versions: list[int]
     allowed_ids: list[int] | None
     advantage: float
+    domain: str = ""
 
     @property
     def sampled_versions(self) -> list[int]:
@@ -78,6 +79,7 @@ class _Batch:
     old: torch.Tensor | None = None
     old_entropy: torch.Tensor | None = None
     correction: Correction | None = None
+    domains: tuple[str, ...] = ()
 
     def rows(self, index: list[int]) -> _Batch:
         """These rows of the batch, with the pre-step figures the loss needs."""
@@ -88,7 +90,8 @@ class _Batch:
                       else replace(self.correction, weights=self.correction.weights[index]))
         return _Batch(self.ids[index], self.attention[index], self.mask[index],
                       self.behaviour[index], self.advantages[index], pick(self.allowed),
-                      pick(self.old), pick(self.old_entropy), correction)
+                      pick(self.old), pick(self.old_entropy), correction,
+                      tuple(self.domains[i] for i in index))
 
 
 class Trainer:
@@ -172,13 +175,16 @@ class Trainer:
         sampled = max(sum(len(v) for v in sampled_versions), 1)
         stale = sum(v < self.version for versions in sampled_versions for v in versions)
         mean_lag = _mean_lag(versions_by_group, self.version)
-        step_kl, kept = (self._step_kl(batches, temperature) if stepped else 0.0), 1.0
+        by_domain = algorithm.trust_region == "domain"
+        sums, kept = (self._step_kl_sums(batches, temperature) if stepped else {}), 1.0
         if stepped and start is not None:
             budget = algorithm.target_kl / (1 + mean_lag) ** algorithm.target_kl_lag_power
-            step_kl, kept = self._within_trust_region(batches, temperature, start, step_kl,
-                                                      budget)
+            sums, kept = self._within_trust_region(batches, temperature, start, sums, budget,
+                                                   by_domain)
         learning = learning_stats(batches, groups, versions_by_group, self.version, algorithm,
-                                  step_kl, kept, grad_norm, entropy_coef, mean_lag)
+                                  step_kl(sums, by_domain), kept, grad_norm, entropy_coef,
+                                  mean_lag)
+        learning.step_kl_by_domain = {d: s / max(n, 1.0) for d, (s, n) in sums.items() if d}
         weight = [b.mask.sum().item() for b in batches]
 
         def token_mean(field: str) -> float:
@@ -262,6 +268,7 @@ class Trainer:
             behaviour=tensor(pad([s.behaviour_logprobs for s in sequences], 0.0))[:, 1:],
             advantages=tensor([s.advantage for s in sequences])[:, None],
             allowed=None if allowed is None else allowed.to(self.device),
+            domains=tuple(s.domain for s in sequences),
         )
 
     def _logprobs(self, batch: _Batch, temperature: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -281,35 +288,36 @@ class Trainer:
         return self._logprobs(batch, temperature)
 
     def _within_trust_region(self, batches: list[_Batch], temperature: float,
-                             start: list[torch.Tensor], step_kl: float, target_kl: float,
-                             tries: int = 4) -> tuple[float, float]:
+                             start: list[torch.Tensor], sums: KlSums, target_kl: float,
+                             by_domain: bool, tries: int = 4) -> tuple[KlSums, float]:
         """Pull the weights back toward `start` along the step until the step's KL is within
         1.5x `target_kl`: Adam moves every weight by about the learning rate whatever the
         evidence, so one group's lucky success can move the policy as far as a batch full of
-        signal. Returns the step's KL and the share of the step kept. (KL grows about with the
-        square of the step, hence the square root; the optimizer's moments are left as they
+        signal. Returns the step's KL sums and the share of the step kept. (KL grows about with
+        the square of the step, hence the square root; the optimizer's moments are left as they
         are.)"""
         kept = 1.0
         for _ in range(tries):
-            if step_kl <= 1.5 * target_kl:
+            kl = step_kl(sums, by_domain)
+            if kl <= 1.5 * target_kl:
                 break
-            shrink = max((target_kl / step_kl) ** 0.5, 0.05)
+            shrink = max((target_kl / kl) ** 0.5, 0.05)
             kept *= shrink
             with torch.no_grad():
                 for parameter, before in zip(self._parameters(), start, strict=True):
                     parameter.copy_(before + shrink * (parameter - before))
-            step_kl = self._step_kl(batches, temperature)
-        return step_kl, kept
+            sums = self._step_kl_sums(batches, temperature)
+        return sums, kept
 
-    def _step_kl(self, batches: list[_Batch], temperature: float) -> float:
-        """How far this step moved the policy: k3 estimate of KL(pre-step || post-step) on the
-        batch's sampled tokens (one more forward pass)."""
-        total, tokens = 0.0, 0.0
+    def _step_kl_sums(self, batches: list[_Batch], temperature: float) -> KlSums:
+        """How far this step moved the policy, by domain: the k3 estimate of KL(pre-step ||
+        post-step) summed over each domain's sampled tokens, and their number (one more forward
+        pass)."""
+        sums: KlSums = {}
         with torch.no_grad():
             for batch in batches:
-                summed, count = k3_sums(self._logprobs(batch, temperature)[0], batch)
-                total, tokens = total + summed, tokens + count
-        return total / max(tokens, 1.0)
+                add_k3_sums(sums, self._logprobs(batch, temperature)[0], batch)
+        return sums
 
     def named_weights(self) -> Iterator[tuple[str, torch.Tensor]]:
         """The weights an engine loads, by checkpoint name (a tied lm_head appears once, as the
@@ -394,17 +402,32 @@ def read_groups(store: TrajectoryStore, samples: list[TrainSample]) -> list[list
         if not records:
             raise ValueError(f"trajectory {sample.trajectory_id} has no stored turns")
         by_group.setdefault(sample.group_id, []).append(
-            layout(records, advantages[sample.trajectory_id])
+            replace(layout(records, advantages[sample.trajectory_id]), domain=sample.domain)
         )
     return list(by_group.values())
 
 
-def k3_sums(new: torch.Tensor, batch: _Batch) -> tuple[float, float]:
-    """The k3 estimate of KL(pre-step || `new`) summed over the batch's sampled tokens, and
-    how many there are."""
+KlSums = dict[str, tuple[float, float]]
+
+
+def add_k3_sums(sums: KlSums, new: torch.Tensor, batch: _Batch) -> None:
+    """Add the batch's k3 estimates of KL(pre-step || `new`), summed over each domain's sampled
+    tokens, and the number of those tokens, to `sums`."""
     log_ratio = (new - batch.old).masked_fill(~batch.mask, 0.0)
-    return (float(((log_ratio.exp() - 1 - log_ratio) * batch.mask).sum()),
-            float(batch.mask.sum()))
+    rows = ((log_ratio.exp() - 1 - log_ratio) * batch.mask).sum(-1).tolist()
+    counts = batch.mask.sum(-1).tolist()
+    domains = batch.domains or ("",) * len(rows)
+    for domain, summed, count in zip(domains, rows, counts, strict=True):
+        before = sums.get(domain, (0.0, 0.0))
+        sums[domain] = (before[0] + summed, before[1] + count)
+
+
+def step_kl(sums: KlSums, by_domain: bool) -> float:
+    """The step's KL: over all sampled tokens, or the largest of the domains' own."""
+    if by_domain and sums:
+        return max(summed / max(count, 1.0) for summed, count in sums.values())
+    total = sum(summed for summed, _ in sums.values())
+    return total / max(sum(count for _, count in sums.values()), 1.0)
 
 
 def _masked_mean(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
