@@ -10,6 +10,9 @@ target, averaged over the runs that reached it. Ratios are to sync. Every run's 
 per-iteration learning figures (step KL, entropy, importance ratios, fresh and stale groups) are
 kept in the JSON; `results/async_vs_sync.png` plots all curves.
 
+`--batch-policy-only` trains async alpha 1 with the blocking and the streaming get_batch,
+`--seeds` runs each, and merges that comparison into the recorded JSON.
+
 `--multitask` (or `--multitask-only`, merged into the recorded JSON) also trains
 examples/multitask.toml and each of its domains alone, `--seeds` runs each
 (`results/multitask.png` plots them); `--multitask-runs both` reruns only the runs together and
@@ -19,7 +22,8 @@ Weights go through local files, as when the results were first measured (before 
 store), so a rerun compares with them and needs no mooncake_master.
 
 Run: .venv/bin/python benchmarks/async_vs_sync.py [--target 0.8] [--max-iterations 30]
-     [--batch 64] [--seeds 3] [--multitask | --multitask-only | --scheduling-only] [--smoke]
+     [--batch 64] [--seeds 3] [--multitask | --multitask-only | --scheduling-only
+     | --batch-policy-only] [--smoke]
 (writes results/async_vs_sync.json and async_vs_sync.md beside this file; --smoke: every mode,
 the scheduling comparison and the multitask runs at the smallest sizes, nothing written;
 --out FILE writes the summary there instead, for experiments)
@@ -57,6 +61,8 @@ MODES = [("sync", {"algorithm.mode": "sync"}),
          ("one_off", {"algorithm.mode": "one_off"}),
          ("async1", {"algorithm.mode": "async", "algorithm.staleness": 1}),
          ("async2", {"algorithm.mode": "async", "algorithm.staleness": 2})]
+# get_batch's policy at alpha 1 (issue: a trainer that does not idle), side by side.
+BATCH_POLICIES = [("blocking", {}), ("streaming", {"algorithm.batch_policy": "streaming"})]
 LATENCY = {"step_median_s": 0.05, "step_sigma": 1.0, "slow_reset_share": 0.1,
            "slow_reset_s": 3.0}
 console = Console()
@@ -203,7 +209,11 @@ async def multitask(engine, base: dict, smoke: bool, seeds: range, only: list[st
                     status = await handle.result()
                     run = {"seed": seed, "wall_s": time.perf_counter() - started,
                            "domains": {domain: _domain_curve(status, domain)
-                                       for domain in domains}}
+                                       for domain in domains},
+                           "step_kl_by_domain": [m.learning.step_kl_by_domain if m.learning
+                                                 else {} for m in status.history],
+                           "step_kept": [m.learning.step_kept if m.learning else None
+                                         for m in status.history]}
                     results[name].append(run)
                     console.print(f"multitask {name} seed {seed}: {run['wall_s']:.0f} s, "
                                   f"{json.dumps(run['domains'])}")
@@ -251,10 +261,15 @@ async def main(args: argparse.Namespace) -> dict:
     seeds = range(1 if args.smoke else args.seeds)
     modes = ([] if args.multitask_only or args.scheduling_only
              else [(n, o) for n, o in MODES if n in args.modes])
+    policies = [(f"async1_{name}", {**dict(MODES)["async1"], **o}) for name, o in BATCH_POLICIES]
+    if args.batch_policy_only:
+        modes = policies
+    elif args.smoke and modes:
+        modes += policies[1:]
     results: dict = {"modes": {}, "multitask": {}}
     try:
         async with in_process_fleet(load_config(None, **base), engine) as client:
-            if not args.no_scheduling and not args.multitask_only:
+            if not (args.no_scheduling or args.multitask_only or args.batch_policy_only):
                 results["scheduling"] = await scheduling(
                     client, base, *sizes, repeats=1 if args.smoke else SCHEDULING_REPEATS)
             with Progress(console=console) as progress:
@@ -275,6 +290,55 @@ async def main(args: argparse.Namespace) -> dict:
 
 
 SCHEDULING_HEADING = "## Trajectory- vs batch-level scheduling"
+BATCH_POLICY_HEADING = "## get_batch at alpha 1: blocking vs streaming"
+
+
+def batch_policy_summary(modes: dict) -> dict:
+    """Per policy: runs at the target, time to score, final success, the trainer's idle share
+    and what was evicted; and the time-to-score ratio of streaming over blocking."""
+    policies = {}
+    for name, runs in modes.items():
+        policies[name.removeprefix("async1_")] = {
+            "seeds_reaching_target": sum(r["time_to_score_s"] is not None for r in runs),
+            "runs": len(runs),
+            "time_to_score_s": spread([r["time_to_score_s"] for r in runs]),
+            "final_success": [r["final_success"] for r in runs],
+            "trainer_idle_share": spread([r["trainer_idle_share"] for r in runs]),
+            "trajectories_per_s": spread([r["trajectories_per_s"] for r in runs]),
+            "evicted": sum(r["evicted"] for r in runs)}
+    blocking, streaming = (policies.get(n, {}).get("time_to_score_s")
+                           for n in ("blocking", "streaming"))
+    return {"policies": policies, "tts_ratio_streaming_vs_blocking":
+            blocking["mean"] / streaming["mean"] if blocking and streaming else None}
+
+
+def batch_policy_lines(summary: dict) -> list[str]:
+    runs = max(p["runs"] for p in summary["policies"].values())
+    lines = [BATCH_POLICY_HEADING, "",
+             "async alpha 1 as in the table above, with `algorithm.batch_policy` blocking (the "
+             "default: the trainer waits for a full batch) and streaming (after "
+             "`batch_deadline_s` it trains on the complete admissible groups it has, at least "
+             f"`streaming_min_share` of a batch); {runs} runs each, side by side in one run of "
+             f"`--batch-policy-only --seeds {runs}` ({summary.get('date', '')}; learning "
+             "figures; idle share is a system figure of the same runs).", "",
+             "| get_batch | runs at target | time to score s (mean, min-max) | final success "
+             "| idle share (mean, min-max) | traj/s | evicted |", "|---|---|---|---|---|---|---|"]
+
+    def fmt(s: dict | None, spec: str) -> str:
+        if s is None:
+            return "-"
+        return f"{s['mean']:{spec}} ({s['min']:{spec}}-{s['max']:{spec}})"
+
+    lines += [f"| {name} | {p['seeds_reaching_target']} of {p['runs']} "
+              f"| {fmt(p['time_to_score_s'], '.0f')} "
+              f"| {' '.join(f'{v:.2f}' for v in p['final_success'])} "
+              f"| {fmt(p['trainer_idle_share'], '.2f')} | {p['trajectories_per_s']['mean']:.2f} "
+              f"| {p['evicted']} |" for name, p in summary["policies"].items()]
+    ratio = summary["tts_ratio_streaming_vs_blocking"]
+    if ratio is not None:
+        lines += ["", f"Streaming reaches the target {ratio:.2f}x as fast as blocking (mean time "
+                  "to score, blocking's over streaming's)."]
+    return lines
 
 
 def scheduling_lines(sched: dict) -> list[str]:
@@ -477,7 +541,31 @@ def kept_from_other_runs(path: Path, summary: dict) -> dict:
         return {}
     recorded = json.loads(path.read_text())
     return {key: value for key, value in recorded.items() if key not in summary
-            and (key.startswith("sim_") or key.startswith("multitask"))}
+            and (key.startswith("sim_") or key.startswith("multitask")
+                 or key == "batch_policy")}
+
+
+def report_batch_policy_only(results: dict) -> None:
+    """Merged into the recorded JSON (key batch_policy) and into its markdown, before the
+    scheduling comparison."""
+    summary = {**batch_policy_summary(results["modes"]),
+               "date": time.strftime("%Y-%m-%d")}
+    lines = batch_policy_lines(summary)
+    console.print("\n".join(lines))
+    here = Path(__file__).parent
+    out = here / "results" / "async_vs_sync.json"
+    recorded = json.loads(out.read_text())
+    recorded["batch_policy"] = {**summary, "modes": results["modes"]}
+    out.write_text(json.dumps(recorded, indent=2) + "\n")
+    markdown = here / "async_vs_sync.md"
+    text = markdown.read_text()
+    if BATCH_POLICY_HEADING in text:
+        before, after = text.split(BATCH_POLICY_HEADING)
+        rest = after[after.index("\n## "):].lstrip("\n") if "\n## " in after else ""
+    else:
+        before, rest = text.split(SCHEDULING_HEADING)
+        rest = SCHEDULING_HEADING + rest
+    markdown.write_text(before.rstrip() + "\n\n" + "\n".join(lines) + "\n\n" + rest)
 
 
 def report_scheduling_only(results: dict) -> None:
@@ -507,6 +595,10 @@ def report(results: dict, args: argparse.Namespace) -> None:
         if not args.smoke:
             report_multitask_only(results)
         return
+    if args.batch_policy_only:
+        if not args.smoke:
+            report_batch_policy_only(results)
+        return
     summary = summarize(results, args)
     modes = summary["modes"]
     columns = ["mode", "runs at target", "time to score s (mean, min-max)", "x sync",
@@ -535,6 +627,9 @@ def report(results: dict, args: argparse.Namespace) -> None:
         table.add_row(*row)
         lines.append("| " + " | ".join(row) + " |")
     console.print(table)
+    if args.smoke:
+        pair = {"async1_blocking": modes["async1"], "async1_streaming": modes["async1_streaming"]}
+        console.print("\n".join(batch_policy_lines(batch_policy_summary(pair))))
     if args.out:
         Path(args.out).write_text(json.dumps(summary, indent=2) + "\n")
     if args.smoke or args.out:
@@ -544,6 +639,7 @@ def report(results: dict, args: argparse.Namespace) -> None:
     sched = results.get("scheduling")
     kept = kept_from_other_runs(here / "results" / "async_vs_sync.json", summary)
     multi = results.get("multitask") or kept.get("multitask")
+    policies = kept.get("batch_policy")
     save("async_vs_sync", {**kept, **summary}, "Async vs sync",
          f".venv/bin/python benchmarks/async_vs_sync.py --target {args.target} "
          f"--max-iterations {args.max_iterations} --batch {args.batch} --seeds {args.seeds}",
@@ -551,6 +647,7 @@ def report(results: dict, args: argparse.Namespace) -> None:
           f"trainer, {args.seeds} runs per mode (seeds 0-{args.seeds - 1}); time to score is "
           "the mean over the runs that reached the target. Curves: "
           "`results/async_vs_sync.png`.", "", *lines,
+          *(["", *batch_policy_lines(policies)] if policies else []),
           *(["", *scheduling_lines(sched)] if sched else []),
           *(["", *multitask_lines(multi)] if multi else [])])
 
@@ -573,6 +670,9 @@ if __name__ == "__main__":
     parser.add_argument("--multitask-runs", nargs="+", choices=list(MULTITASK_RUNS),
                         default=list(MULTITASK_RUNS), help="with --multitask-only: rerun only "
                         "these; the others stay as recorded")
+    parser.add_argument("--batch-policy-only", action="store_true",
+                        help="only async alpha 1 with the blocking and the streaming get_batch; "
+                        "merged into the recorded JSON")
     parser.add_argument("--scheduling-only", action="store_true",
                         help="only the scheduling comparison; merged into the recorded JSON")
     parser.add_argument("--out", help="write the summary here instead of results/ (experiments)")
