@@ -264,7 +264,7 @@ async def main(args: argparse.Namespace) -> dict:
     policies = [(f"async1_{name}", {**dict(MODES)["async1"], **o}) for name, o in BATCH_POLICIES]
     if args.batch_policy_only:
         modes = policies
-    elif args.smoke and modes:
+    elif args.smoke and "async1" in dict(modes):
         modes += policies[1:]
     results: dict = {"modes": {}, "multitask": {}}
     try:
@@ -324,15 +324,10 @@ def batch_policy_lines(summary: dict) -> list[str]:
              "| get_batch | runs at target | time to score s (mean, min-max) | final success "
              "| idle share (mean, min-max) | traj/s | evicted |", "|---|---|---|---|---|---|---|"]
 
-    def fmt(s: dict | None, spec: str) -> str:
-        if s is None:
-            return "-"
-        return f"{s['mean']:{spec}} ({s['min']:{spec}}-{s['max']:{spec}})"
-
     lines += [f"| {name} | {p['seeds_reaching_target']} of {p['runs']} "
-              f"| {fmt(p['time_to_score_s'], '.0f')} "
+              f"| {spread_text(p['time_to_score_s'], '.0f')} "
               f"| {' '.join(f'{v:.2f}' for v in p['final_success'])} "
-              f"| {fmt(p['trainer_idle_share'], '.2f')} | {p['trajectories_per_s']['mean']:.2f} "
+              f"| {spread_text(p['trainer_idle_share'])} | {p['trajectories_per_s']['mean']:.2f} "
               f"| {p['evicted']} |" for name, p in summary["policies"].items()]
     ratio = summary["tts_ratio_streaming_vs_blocking"]
     if ratio is not None:
@@ -357,6 +352,13 @@ def scheduling_lines(sched: dict) -> list[str]:
               f"| {r['ratio']:.2f} | {', '.join(r['auto_units'])} | {r['auto_ratio']:.2f} |"
               for r in sched.values()]
     return lines
+
+
+def spread_text(s: dict | None, spec: str = ".2f") -> str:
+    """A spread as "mean (min-max)"; "-" for none."""
+    if s is None:
+        return "-"
+    return f"{s['mean']:{spec}} ({s['min']:{spec}}-{s['max']:{spec}})"
 
 
 def spread(values: list[float]) -> dict | None:
@@ -480,12 +482,9 @@ def multitask_lines(multi: dict) -> list[str]:
              "| domain | start (together) | end, together | end, alone | episodes together "
              "| alone at those episodes |", "|---|---|---|---|---|---|"]
 
-    def fmt(s: dict) -> str:
-        return f"{s['mean']:.2f} ({s['min']:.2f}-{s['max']:.2f})"
-
-    lines += [f"| {d} | {r['initial']:.2f} | {fmt(r['together'])} | {fmt(r['alone'])} "
-              f"| {r['episodes_together']:.0f} | "
-              f"{fmt(r['alone_at_those_episodes']) if r['alone_at_those_episodes'] else '-'} |"
+    lines += [f"| {d} | {r['initial']:.2f} | {spread_text(r['together'])} "
+              f"| {spread_text(r['alone'])} | {r['episodes_together']:.0f} "
+              f"| {spread_text(r['alone_at_those_episodes'])} |"
               for d, r in multitask_summary(multi).items()]
     return lines
 
@@ -617,7 +616,7 @@ def report(results: dict, args: argparse.Namespace) -> None:
         tts = summary["time_to_score_s"][name]
         rate = spread([r["trajectories_per_s"] for r in runs])
         row = [name, f"{summary['seeds_reaching_target'][name]} of {len(runs)}",
-               "-" if tts is None else f"{tts['mean']:.0f} ({tts['min']:.0f}-{tts['max']:.0f})",
+               spread_text(tts, ".0f"),
                fmt(sync_tts["mean"] / tts["mean"] if tts and sync_tts else None),
                " ".join(f"{r['final_success']:.2f}" for r in runs), fmt(rate["mean"]),
                fmt(rate["mean"] / sync_rate["mean"] if sync_rate else None),
@@ -627,7 +626,7 @@ def report(results: dict, args: argparse.Namespace) -> None:
         table.add_row(*row)
         lines.append("| " + " | ".join(row) + " |")
     console.print(table)
-    if args.smoke:
+    if args.smoke and "async1_streaming" in modes:
         pair = {"async1_blocking": modes["async1"], "async1_streaming": modes["async1_streaming"]}
         console.print("\n".join(batch_policy_lines(batch_policy_summary(pair))))
     if args.out:
