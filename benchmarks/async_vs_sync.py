@@ -57,10 +57,19 @@ from rollart.workflows.scheduling import batch_rollout, lockstep_wait_s
 from rollart.workflows.training import TrainingInput, TrainingWorkflow
 from rollart.workflows.trajectory import TrajectoryWorkflow
 
+# Every mode's groups take their turns together (the groups started together, in one workflow):
+# one workflow per trajectory costs the 2-core dev server more CPU a turn than the env tail
+# costs a lockstep turn here, for every mode. The *_trajectory modes give each trajectory its
+# own workflow, at its own env's pace: sync_trajectory is RollArt's Sync+ (async env steps
+# within a sync step), async1_trajectory alpha 1 as measured before batched turns.
+ROLLOUT_UNIT = "batch"
 MODES = [("sync", {"algorithm.mode": "sync"}),
          ("one_off", {"algorithm.mode": "one_off"}),
          ("async1", {"algorithm.mode": "async", "algorithm.staleness": 1}),
-         ("async2", {"algorithm.mode": "async", "algorithm.staleness": 2})]
+         ("async2", {"algorithm.mode": "async", "algorithm.staleness": 2}),
+         ("sync_trajectory", {"algorithm.mode": "sync", "algorithm.rollout_unit": "trajectory"}),
+         ("async1_trajectory", {"algorithm.mode": "async", "algorithm.staleness": 1,
+                                "algorithm.rollout_unit": "trajectory"})]
 # get_batch's policy at alpha 1 (issue: a trainer that does not idle), side by side.
 BATCH_POLICIES = [("blocking", {}), ("streaming", {"algorithm.batch_policy": "streaming"})]
 LATENCY = {"step_median_s": 0.05, "step_sigma": 1.0, "slow_reset_share": 0.1,
@@ -252,7 +261,7 @@ async def main(args: argparse.Namespace) -> dict:
     engine = await PolicyEngine(resolve_model_path(None), load_config(None).engine).start()
     base = {"temporal.address": server.address, "run_dir": str(work),
             "algorithm.group_size": 8, "algorithm.batch_size": args.batch,
-            "algorithm.iterations": args.max_iterations, "algorithm.rollout_unit": "trajectory",
+            "algorithm.iterations": args.max_iterations, "algorithm.rollout_unit": ROLLOUT_UNIT,
             "algorithm.stop_at_success": args.target, "domains.frozenlake.faults": LATENCY,
             "weights.backend": "local", **(SMOKE if args.smoke else {}),
             **dict(item.split("=", 1) for item in args.set)}
@@ -319,7 +328,8 @@ def batch_policy_lines(summary: dict) -> list[str]:
              "default: the trainer waits for a full batch) and streaming (after "
              "`batch_deadline_s` it trains on the complete admissible groups it has, at least "
              f"`streaming_min_share` of a batch); {runs} runs each, side by side in one run of "
-             f"`--batch-policy-only --seeds {runs}` ({summary.get('date', '')}; learning "
+             f"`--batch-policy-only --seeds {runs}` ({summary.get('date', '')}, rollout unit "
+             f"{summary.get('rollout_unit', 'trajectory')}; learning "
              "figures; idle share is a system figure of the same runs).", "",
              "| get_batch | runs at target | time to score s (mean, min-max) | final success "
              "| idle share (mean, min-max) | traj/s | evicted |", "|---|---|---|---|---|---|---|"]
@@ -405,8 +415,8 @@ def summarize(results: dict, args: argparse.Namespace) -> dict:
         found = spread([r[key] for r in modes.get(name, [])])
         return found["mean"] if found else None
 
-    def ratio(name: str, key: str, invert: bool = False) -> float | None:
-        a, b = mean_of(name, key), mean_of("sync", key)
+    def ratio(name: str, key: str, invert: bool = False, base: str = "sync") -> float | None:
+        a, b = mean_of(name, key), mean_of(base, key)
         if a is None or b is None or not (a and b):
             return None
         return b / a if invert else a / b
@@ -423,7 +433,14 @@ def summarize(results: dict, args: argparse.Namespace) -> dict:
         "throughput_ratio_one_off_vs_sync": ratio("one_off", "trajectories_per_s"),
         "tts_ratio_one_off_vs_sync": ratio("one_off", "time_to_score_s", invert=True),
         "tts_ratio_async2_vs_sync": ratio("async2", "time_to_score_s", invert=True),
+        "tts_ratio_async1_vs_sync_trajectory": ratio("async1", "time_to_score_s", invert=True,
+                                                     base="sync_trajectory"),
+        "tts_ratio_sync_vs_sync_trajectory": ratio("sync", "time_to_score_s", invert=True,
+                                                   base="sync_trajectory"),
+        "tts_ratio_async1_vs_async1_trajectory": ratio("async1", "time_to_score_s",
+                                                       invert=True, base="async1_trajectory"),
         "setup": {"batch_size": args.batch, "group_size": 8, "target": args.target,
+                  "rollout_unit": ROLLOUT_UNIT,
                   "max_iterations": args.max_iterations, "latency": LATENCY,
                   "seeds": args.seeds, "overrides": dict(item.split("=", 1) for item in args.set)},
         "modes": modes,
@@ -548,7 +565,7 @@ def report_batch_policy_only(results: dict) -> None:
     """Merged into the recorded JSON (key batch_policy) and into its markdown, before the
     scheduling comparison."""
     summary = {**batch_policy_summary(results["modes"]),
-               "date": time.strftime("%Y-%m-%d")}
+               "date": time.strftime("%Y-%m-%d"), "rollout_unit": ROLLOUT_UNIT}
     lines = batch_policy_lines(summary)
     console.print("\n".join(lines))
     here = Path(__file__).parent
@@ -642,7 +659,12 @@ def report(results: dict, args: argparse.Namespace) -> None:
     save("async_vs_sync", {**kept, **summary}, "Async vs sync",
          f".venv/bin/python benchmarks/async_vs_sync.py --target {args.target} "
          f"--max-iterations {args.max_iterations} --batch {args.batch} --seeds {args.seeds}",
-         [f"Env latency: {LATENCY}. Learning figures: the tiny model on the real engine and "
+         [f"Env latency: {LATENCY}. Rollout: `algorithm.rollout_unit = \"{ROLLOUT_UNIT}\"` "
+          "(the groups started together take each turn together, in one workflow) for every "
+          "mode but the *_trajectory ones, which give each trajectory its own workflow, at its "
+          "own env's pace (sync_trajectory is RollArt's Sync+: async env steps within a sync "
+          "step). "
+          "Learning figures: the tiny model on the real engine and "
           f"trainer, {args.seeds} runs per mode (seeds 0-{args.seeds - 1}); time to score is "
           "the mean over the runs that reached the target. Curves: "
           "`results/async_vs_sync.png`.", "", *lines,
