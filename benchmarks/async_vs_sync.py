@@ -1,4 +1,5 @@
-"""Sync vs one-off vs async (alpha 1, 2) training under long-tail environment latency.
+"""Sync vs one-off vs async (alpha 1, 2) training under long-tail environment latency, every
+mode with batched turns, beside sync and alpha 1 with one workflow per trajectory.
 
 Side by side in one process, on one dev server (SQLite) and one vLLM engine: FrozenLake with
 injected latency (lognormal env steps, a share of very slow resets), each mode trained `--seeds`
@@ -58,10 +59,11 @@ from rollart.workflows.training import TrainingInput, TrainingWorkflow
 from rollart.workflows.trajectory import TrajectoryWorkflow
 
 # Every mode's groups take their turns together (the groups started together, in one workflow):
-# one workflow per trajectory costs the 2-core dev server more CPU a turn than the env tail
-# costs a lockstep turn here, for every mode. The *_trajectory modes give each trajectory its
-# own workflow, at its own env's pace: sync_trajectory is RollArt's Sync+ (async env steps
-# within a sync step), async1_trajectory alpha 1 as measured before batched turns.
+# with one workflow per trajectory, alpha 1's 128 trajectories in flight keep the 2-core dev
+# server's CPU busy, so its rollout computes instead of waiting on env latency, and training
+# beside it gains nothing. The *_trajectory modes give each trajectory its own workflow, at its
+# own env's pace: sync_trajectory is RollArt's Sync+ (async env steps within a sync step), the
+# fairer sync baseline here; async1_trajectory is alpha 1 as measured before batched turns.
 ROLLOUT_UNIT = "batch"
 MODES = [("sync", {"algorithm.mode": "sync"}),
          ("one_off", {"algorithm.mode": "one_off"}),
