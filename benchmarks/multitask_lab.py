@@ -13,8 +13,8 @@ the policy one version behind with probability `stale_share` (0.65: about what a
 run trains on). A learning figure: the real tiny model and trainer.
 
 Run: .venv/bin/python benchmarks/multitask_lab.py [--seeds 5] [--iterations 40]
-[--variants ...] (writes results/multitask_lab.json and multitask_lab.md; --smoke: 2
-iterations, nothing written)
+[--variants ...] [--keep] (writes results/multitask_lab.json and multitask_lab.md; --keep adds
+the variants run to the written ones; --smoke: 2 iterations, nothing written)
 """
 
 from __future__ import annotations
@@ -58,12 +58,14 @@ VARIANTS: dict[str, tuple[tuple[str, ...], dict]] = {
     "together, trust_region domain": (DOMAINS, {"trust_region": "domain"}),
     "together, domain_sampling weight": (DOMAINS, {"domain_sampling": "weight"}),
     "arithmetic alone, target_kl 0.1": (("arithmetic",), {"target_kl": 0.1}),
+    "together, arithmetic groups of 4": (DOMAINS, {"arithmetic_split": 2}),
 }
 console = Console()
 
 
 def algorithm_of(overrides: dict) -> AlgorithmConfig:
     example = {k: v for k, v in EXAMPLE["algorithm"].items() if k != "iterations"}
+    overrides = {k: v for k, v in overrides.items() if k != "arithmetic_split"}
     return AlgorithmConfig(**{**example, **overrides})
 
 
@@ -147,8 +149,10 @@ def frozenlake_groups(policies: list[tuple[torch.nn.Module, int]], trainer: Trai
 
 
 def learn(model_path: str, algorithm: AlgorithmConfig, domains: tuple[str, ...], seed: int,
-          iterations: int) -> dict:
-    """One run: per iteration, each domain's groups and success (arithmetic's exact)."""
+          iterations: int, arithmetic_split: int = 1) -> dict:
+    """One run: per iteration, each domain's groups and success (arithmetic's exact). With
+    `arithmetic_split`, each arithmetic group's episodes go to that many smaller groups, each
+    on its own problem (more problems a step for the same episodes)."""
     trainer = Trainer(model_path, algorithm.learning_rate, seed=seed, threads=2)
     arithmetic = Arithmetic(trainer.tokenizer)
     versions = [copy.deepcopy(trainer.model).eval()]
@@ -176,10 +180,11 @@ def learn(model_path: str, algorithm: AlgorithmConfig, domains: tuple[str, ...],
             if "frozenlake" in domains:
                 curve["frozenlake"].append(success)
             if "arithmetic" in domains:
-                seeds = [rng.randint(0, 2**31 - 1) for _ in drawn["arithmetic"]]
-                samples += arithmetic.sample_groups(drawn["arithmetic"], algorithm.group_size,
-                                                    store, f"s{seed}i{iteration}", seeds,
-                                                    generator)
+                policies = [p for p in drawn["arithmetic"] for _ in range(arithmetic_split)]
+                seeds = [rng.randint(0, 2**31 - 1) for _ in policies]
+                samples += arithmetic.sample_groups(
+                    policies, algorithm.group_size // arithmetic_split, store,
+                    f"s{seed}i{iteration}", seeds, generator)
             for d in domains:
                 episodes[d].append(len(drawn[d]) * algorithm.group_size)
             by_group: dict[str, list[TrainSample]] = {}
@@ -283,11 +288,11 @@ def main(args: argparse.Namespace) -> dict:
             runs[name] = []
             for seed in args.seeds:
                 progress.update(task, description=f"{name}, seed {seed}")
-                runs[name].append(learn(model_path, algorithm, domains, seed, args.iterations))
+                runs[name].append(learn(model_path, algorithm, domains, seed, args.iterations,
+                                        overrides.get("arithmetic_split", 1)))
                 progress.console.print(f"{name} seed {seed}: {runs[name][-1]['final']}")
                 progress.advance(task)
-    return {"iterations": args.iterations, "seeds": args.seeds, "runs": runs,
-            "summary": summarize(runs)}
+    return {"iterations": args.iterations, "seeds": args.seeds, "runs": runs}
 
 
 def parse_args() -> argparse.Namespace:
@@ -296,6 +301,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--iterations", type=int, default=EXAMPLE["algorithm"]["iterations"])
     parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=list(VARIANTS))
     parser.add_argument("--smoke", action="store_true", help="2 iterations; writes nothing")
+    parser.add_argument("--keep", action="store_true",
+                        help="merge into the written results (same seeds and iterations)")
     args = parser.parse_args()
     args.seeds = list(range(args.seeds))
     if args.smoke:
@@ -307,15 +314,27 @@ if __name__ == "__main__":
     arguments = parse_args()
     started = time.perf_counter()
     outcome = main(arguments)
+    written = HERE / "results" / "multitask_lab.json"
+    command = shlex.join([".venv/bin/python", "benchmarks/multitask_lab.py", *sys.argv[1:]])
+    outcome["commands"] = [command]
+    if arguments.keep and not arguments.smoke:
+        previous = json.loads(written.read_text())
+        if (previous["seeds"], previous["iterations"]) != (outcome["seeds"],
+                                                           outcome["iterations"]):
+            raise SystemExit("--keep: the kept results have other seeds or iterations")
+        runs = {**previous["runs"], **outcome["runs"]}
+        outcome["runs"] = {k: runs[k] for k in VARIANTS if k in runs}
+        outcome["commands"] = [*previous.get("commands", [previous.get("command")]), command]
+    outcome["summary"] = summarize(outcome["runs"])
     console.print(report(outcome))
     console.print(f"{time.perf_counter() - started:.0f} s")
     if arguments.smoke:
         sys.exit(0)
-    outcome["command"] = shlex.join([".venv/bin/python", "benchmarks/multitask_lab.py",
-                                     *sys.argv[1:]])
-    (HERE / "results" / "multitask_lab.json").write_text(json.dumps(outcome, indent=1))
+    written.write_text(json.dumps(outcome, indent=1))
     (HERE / "multitask_lab.md").write_text(
-        f"# Multitask lab\n\nCommand (2-core x86_64, no GPU): `{outcome['command']}`\n\n"
+        "# Multitask lab\n\nCommands (2-core x86_64, no GPU; with --keep a run adds its "
+        "variants to the kept ones):\n\n" + "".join(f"- `{c}`\n" for c in outcome["commands"])
+        + "\n"
         "A learning figure: the real tiny model and trainer, batches sampled in process (see "
         "the script's docstring).\n\n" + report(outcome) + "\n")
     print(f"wrote {HERE / 'results' / 'multitask_lab.json'}")
