@@ -235,6 +235,19 @@ def report(results: dict) -> str:
     return "\n".join(lines)
 
 
+def write_results(stem: str, title: str, outcome: dict, about: str, table: str) -> None:
+    """results/STEM.json, and STEM.md beside this script: the commands that made it, what its
+    figures are, and their table."""
+    written = HERE / "results" / f"{stem}.json"
+    written.write_text(json.dumps(outcome, indent=1))
+    (HERE / f"{stem}.md").write_text(
+        f"# {title}\n\nCommands (2-core x86_64, no GPU; with --keep a run adds its variants "
+        "to the kept ones):\n\n" + "".join(f"- `{c}`\n" for c in outcome["commands"])
+        + "\nA learning figure: the real tiny model and trainer, batches sampled in process "
+        f"(see the script's docstring){about}.\n\n{table}\n")
+    print(f"wrote {written} and {HERE / f'{stem}.md'}")
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5, help="seeds 0..N-1 per variant")
@@ -270,11 +283,6 @@ if __name__ == "__main__":
         previous = json.loads(written.read_text())
         outcome = merged(previous, outcome)
         outcome["commands"] = [*previous.get("commands", []), command]
-    written.write_text(json.dumps(outcome, indent=1))
-    (HERE / "learning_lab.md").write_text(
-        "# Learning lab\n\nCommands (2-core x86_64, no GPU; with --keep a run adds its variants "
-        "to the kept ones):\n\n" + "".join(f"- `{c}`\n" for c in outcome["commands"])
-        + "\nA learning figure: the real tiny model and trainer, batches sampled in process "
-        "(see the script's docstring); a variant's stale share of each batch's groups is "
-        "sampled by the policy `lag` versions behind the trainer.\n\n" + report(outcome) + "\n")
-    print(f"wrote {written} and {HERE / 'learning_lab.md'}")
+    write_results("learning_lab", "Learning lab", outcome, "; a variant's stale share of each "
+                  "batch's groups is sampled by the policy `lag` versions behind the trainer",
+                  report(outcome))

@@ -32,14 +32,14 @@ import tomllib
 from pathlib import Path
 
 import torch
-from learning_lab import TEMPERATURE, sample_batch
+from learning_lab import TEMPERATURE, sample_batch, write_results
 from rich.console import Console
 from rich.progress import Progress
 
 from rollart.blobs import LocalBlobs
 from rollart.config import AlgorithmConfig
 from rollart.contracts import TrainSample
-from rollart.envs.arithmetic import DIGITS, ArithmeticEnv
+from rollart.envs.arithmetic import DIGITS, ArithmeticEnv, spell
 from rollart.policy.model import resolve_model_path
 from rollart.policy.trainer import Trainer
 from rollart.store import TrajectoryStore, TurnRecord
@@ -78,7 +78,7 @@ class Arithmetic:
         self.digit_ids = [tokenizer.encode(d, add_special_tokens=False)[0] for d in DIGITS]
         pairs = [(a, b) for a in range(self.env.low, self.env.high + 1)
                  for b in range(self.env.low, self.env.high + 1)]
-        self.prompts = [tokenizer.encode(f"{a} + {b} =", add_special_tokens=False)
+        self.prompts = [tokenizer.encode(f"{spell(a)} + {spell(b)} =", add_special_tokens=False)
                         for a, b in pairs]
         self.answers = torch.tensor([a + b for a, b in pairs])
         self.tokenizer = tokenizer
@@ -324,17 +324,10 @@ if __name__ == "__main__":
             raise SystemExit("--keep: the kept results have other seeds or iterations")
         runs = {**previous["runs"], **outcome["runs"]}
         outcome["runs"] = {k: runs[k] for k in VARIANTS if k in runs}
-        outcome["commands"] = [*previous.get("commands", [previous.get("command")]), command]
+        outcome["commands"] = [*previous["commands"], command]
     outcome["summary"] = summarize(outcome["runs"])
     console.print(report(outcome))
     console.print(f"{time.perf_counter() - started:.0f} s")
     if arguments.smoke:
         sys.exit(0)
-    written.write_text(json.dumps(outcome, indent=1))
-    (HERE / "multitask_lab.md").write_text(
-        "# Multitask lab\n\nCommands (2-core x86_64, no GPU; with --keep a run adds its "
-        "variants to the kept ones):\n\n" + "".join(f"- `{c}`\n" for c in outcome["commands"])
-        + "\n"
-        "A learning figure: the real tiny model and trainer, batches sampled in process (see "
-        "the script's docstring).\n\n" + report(outcome) + "\n")
-    print(f"wrote {HERE / 'results' / 'multitask_lab.json'}")
+    write_results("multitask_lab", "Multitask lab", outcome, "", report(outcome))
