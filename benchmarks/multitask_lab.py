@@ -59,13 +59,19 @@ VARIANTS: dict[str, tuple[tuple[str, ...], dict]] = {
     "together, domain_sampling weight": (DOMAINS, {"domain_sampling": "weight"}),
     "arithmetic alone, target_kl 0.1": (("arithmetic",), {"target_kl": 0.1}),
     "together, arithmetic groups of 4": (DOMAINS, {"arithmetic_split": 2}),
+    "together, entropy_coef 0.01": (DOMAINS, {"entropy_coef": 0.01}),
+    "arithmetic alone, batch 32": (("arithmetic",), {"batch_size": 32}),
+    "arithmetic alone, batch 128": (("arithmetic",), {"batch_size": 128}),
+    "together, batch 128": (DOMAINS, {"batch_size": 128,
+                                      "alone": "arithmetic alone, batch 128"}),
 }
+LAB_KEYS = ("arithmetic_split", "alone")  # the lab's own, not the algorithm's
 console = Console()
 
 
 def algorithm_of(overrides: dict) -> AlgorithmConfig:
     example = {k: v for k, v in EXAMPLE["algorithm"].items() if k != "iterations"}
-    overrides = {k: v for k, v in overrides.items() if k != "arithmetic_split"}
+    overrides = {k: v for k, v in overrides.items() if k not in LAB_KEYS}
     return AlgorithmConfig(**{**example, **overrides})
 
 
@@ -242,8 +248,8 @@ def summarize(runs: dict[str, list[dict]]) -> dict:
                 and x["stuck_without_digit_rows_step"] - before["stuck"] < 0.1
                 for r in seeds for before, x in zip(r["steps"], r["steps"][1:], strict=False))
         summary[name] = row
-    alone = runs.get("arithmetic alone")
-    for row in summary.values():
+    for name, row in summary.items():
+        alone = runs.get(VARIANTS[name][1].get("alone", "arithmetic alone"))
         if alone and "arithmetic_episodes" in row:
             row["arithmetic_alone_at_those_episodes"] = spread(
                 [at_episodes(r, "arithmetic", row["arithmetic_episodes"]) for r in alone])
@@ -257,7 +263,9 @@ def report(results: dict) -> str:
              "final policy. Stuck: the share of arithmetic problems on which the policy puts "
              "over 0.9 on one wrong answer (their groups carry no signal); a rise is a step "
              "that raised it by 0.2 or more, undone when the same step with the 10 digits' "
-             "embedding rows left as they were would have raised it by under 0.1.", "",
+             "embedding rows left as they were would have raised it by under 0.1. Arithmetic "
+             "alone at those episodes: the variant's own alone run where it names one (the same "
+             "batch size), `arithmetic alone` otherwise.", "",
              "| variant | arithmetic | FrozenLake | arithmetic episodes | arithmetic alone at "
              "those episodes | peak stuck | rises (undone by the digit rows) |",
              "|---|---|---|---:|---|---|---|"]
